@@ -1,0 +1,134 @@
+"""The Starlette app factory of the receivers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from receivers.config import ReceiverConfig, source_prefix
+from receivers.handler import HookEndpoint
+from receivers.kinds import kinds_by_path
+from receivers.metrics import Counters
+from receivers.problems import Problem
+from receivers.store.writer import AfterCommit, EventWriter
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_SECONDS = 2.0
+
+
+def utc_now() -> datetime:
+    """The default clock."""
+    return datetime.now(UTC)
+
+
+def create_app(
+    config: ReceiverConfig,
+    engine: AsyncEngine,
+    *,
+    after_commit: AfterCommit | None = None,
+    clock: Callable[[], datetime] = utc_now,
+) -> Starlette:
+    """The receivers app: every kind's URL for every configured source, plus health checks.
+
+    ``after_commit`` is awaited with the newly stored events after each commit (the relay's
+    hook); the receivers themselves know nothing about relaying.
+    """
+    counters = Counters()
+    writer = EventWriter(engine, clock=clock, after_commit=after_commit)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await writer.start()
+        try:
+            yield
+        finally:
+            await writer.stop()
+
+    routes: list[Route] = []
+    for source_name, source in config.sources.items():
+        prefix = source_prefix(source_name)
+        for path, kinds in kinds_by_path().items():
+            endpoint = HookEndpoint(
+                source_name=source_name,
+                source=source,
+                kinds=kinds,
+                config=config,
+                writer=lambda: writer,
+                counters=counters,
+                clock=clock,
+            )
+            methods = sorted({method for kind in kinds for method in kind.methods})
+            routes.append(Route(prefix + path, endpoint.handle, methods=methods))
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        try:
+            await asyncio.wait_for(_ping(engine), READY_TIMEOUT_SECONDS)
+        except Exception as exc:
+            log.warning("readiness check failed: %s", type(exc).__name__)
+            return Problem(
+                503,
+                "store-unavailable",
+                "Service Unavailable",
+                "The database is not reachable.",
+                headers={"Retry-After": "5"},
+            ).response()
+        return JSONResponse({"status": "ready"})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(counters.render(), media_type="text/plain; version=0.0.4")
+
+    routes += [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_problem, Exception: _server_problem},
+    )
+    app.state.counters = counters
+    app.state.writer = writer
+    return app
+
+
+async def _ping(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+async def _http_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    titles = {404: "Not Found", 405: "Method Not Allowed"}
+    title = titles.get(exc.status_code, "Error")
+    detail = {
+        404: f"No receiver at {request.url.path}.",
+        405: f"{request.method} is not accepted at {request.url.path}.",
+    }.get(exc.status_code, str(exc.detail))
+    slug = title.lower().replace(" ", "-")
+    return Problem(exc.status_code, slug, title, detail, headers=dict(exc.headers or {})).response()
+
+
+async def _server_problem(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return Problem(
+        500,
+        "internal-error",
+        "Internal Server Error",
+        "An unexpected error occurred; it has been logged.",
+    ).response()

@@ -1,0 +1,107 @@
+"""Reading and decoding request bodies, within the size limit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+
+from receivers.problems import Problem
+
+MAX_JSON_DEPTH = 64
+
+
+class BodyTooLarge(Problem):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413, "body-too-large", "Payload Too Large", f"The body exceeds {limit} bytes."
+        )
+
+
+class Undecodable(Problem):
+    """The body is not JSON (or not UTF-8): answered 400 and quarantined."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(400, "undecodable-body", "Bad Request", detail)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing anything over ``limit`` bytes whatever Content-Length says."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise BodyTooLarge(limit)
+        except ValueError:
+            raise Problem(
+                400, "bad-content-length", "Bad Request", "Content-Length is not a number."
+            ) from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(raw: bytes) -> Any:
+    """The body's JSON value; :class:`Undecodable` when the bytes are not UTF-8 JSON (a value
+    that is not an object is the caller's 422, since it fits no model)."""
+    if not raw.strip():
+        raise Undecodable("The body is empty; a JSON object was expected.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Undecodable(f"The body is not UTF-8 (byte {exc.start}).") from None
+    if _nesting_depth(text) > MAX_JSON_DEPTH:
+        raise Undecodable(f"The JSON is nested deeper than {MAX_JSON_DEPTH} levels.")
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise Undecodable(f"The body is not JSON: {getattr(exc, 'msg', 'too deep')}.") from None
+    return value
+
+
+def query_as_payload(query: Mapping[str, str], structured: frozenset[str]) -> dict[str, Any]:
+    """GET callbacks: the query parameters as a payload; the ``structured`` ones (lists such as
+    contentList or parts) are decoded when they carry JSON."""
+    payload: dict[str, Any] = {}
+    for key, value in query.items():
+        stripped = value.strip()
+        if key in structured and stripped[:1] in "[{":
+            try:
+                payload[key] = json.loads(stripped)
+                continue
+            except (json.JSONDecodeError, RecursionError):
+                pass
+        payload[key] = value
+    return payload
+
+
+def _nesting_depth(text: str) -> int:
+    """The bracket nesting depth of a JSON text (outside strings), so that hostile bodies are
+    refused before the recursive parser sees them; 0 when there are too few brackets to matter."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest

@@ -1,0 +1,35 @@
+"""What the receiver app is built from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from receivers.kinds import RESERVED_SOURCE_NAMES
+from receivers.sources import Network, SourceConfig
+
+DEFAULT_SOURCE = "default"
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """Sources and limits of one receiver app."""
+
+    sources: Mapping[str, SourceConfig]
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    trusted_proxies: Sequence[Network] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ValueError("no source is configured")
+        for name in self.sources:
+            if name in RESERVED_SOURCE_NAMES:
+                raise ValueError(f"source name {name!r} is taken by a receiver path")
+            if not name or "/" in name or name != name.strip():
+                raise ValueError(f"source name {name!r} is not a path segment")
+
+
+def source_prefix(name: str) -> str:
+    """The URL prefix of a source's receivers."""
+    return "/hooks" if name == DEFAULT_SOURCE else f"/hooks/{name}"

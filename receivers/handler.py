@@ -1,0 +1,207 @@
+"""The receiving endpoint: authenticate, decode, validate, store, answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from receivers.auth import (
+    TOKEN_PARAM,
+    AuthFailure,
+    check_address,
+    check_credentials,
+    check_signature,
+    client_address,
+)
+from receivers.body import Undecodable, decode_json, query_as_payload, read_body
+from receivers.config import ReceiverConfig
+from receivers.dedup import dedup_key
+from receivers.kinds import Kind
+from receivers.metrics import Counters
+from receivers.problems import Problem
+from receivers.sources import SourceConfig
+from receivers.store.writer import Arrival, EventWriter, Rejection, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = "5"
+STRUCTURED_QUERY_FIELDS = frozenset({"contentList", "parts"})
+
+
+class HookEndpoint:
+    """One receiver URL of one source; kinds sharing the URL are told apart by their body."""
+
+    def __init__(
+        self,
+        *,
+        source_name: str,
+        source: SourceConfig,
+        kinds: Sequence[Kind],
+        config: ReceiverConfig,
+        writer: Callable[[], EventWriter],
+        counters: Counters,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.source_name = source_name
+        self.source = source
+        self.kinds = kinds
+        self.config = config
+        self.writer = writer
+        self.counters = counters
+        self.clock = clock
+
+    async def handle(self, request: Request) -> Response:
+        """Answer one callback."""
+        try:
+            return await self._handle(request)
+        except AuthFailure as failure:
+            self.counters.inc(
+                "relay_auth_failures_total", source=self.source_name, reason=failure.reason
+            )
+            log.info("refused callback on %s: %s", request.url.path, failure.reason)
+            return failure.response()
+        except StoreUnavailable:
+            self.counters.inc("relay_store_unavailable_total", source=self.source_name)
+            return Problem(
+                503,
+                "store-unavailable",
+                "Service Unavailable",
+                "The event store is unavailable; retry later.",
+                headers={"Retry-After": RETRY_AFTER_SECONDS},
+            ).response()
+        except Problem as problem:
+            return problem.response()
+
+    async def _handle(self, request: Request) -> Response:
+        peer = request.client.host if request.client else None
+        address = client_address(
+            peer, request.headers.get("x-forwarded-for"), self.config.trusted_proxies
+        )
+        remote_addr = str(address) if address is not None else None
+        check_address(self.source, address)
+        check_credentials(self.source, request.headers, request.query_params)
+
+        if request.method == "GET":
+            raw = _query_without_token(request.scope.get("query_string", b""))
+            content_type = None
+            params = {k: v for k, v in request.query_params.items() if k != TOKEN_PARAM}
+            data: Any = query_as_payload(params, STRUCTURED_QUERY_FIELDS)
+        else:
+            raw = await read_body(request, self.config.max_body_bytes)
+            check_signature(self.source, request.headers, raw, self.clock())
+            content_type = request.headers.get("content-type")
+            try:
+                data = decode_json(raw)
+            except Undecodable as problem:
+                await self._quarantine(request, None, problem, [], raw, content_type, remote_addr)
+                return problem.response()
+
+        kind = self._dispatch(data)
+        if not isinstance(data, dict):
+            problem = Problem(
+                422,
+                "invalid-payload",
+                "Unprocessable Content",
+                f"A JSON object was expected for {kind.name}.",
+                kind=kind.name,
+                errors=[],
+            )
+            await self._quarantine(request, kind, problem, [], raw, content_type, remote_addr)
+            return problem.response()
+        try:
+            model = kind.model.model_validate(data)
+        except ValidationError as exc:
+            errors = _field_errors(exc)
+            fields = ", ".join(sorted({e["field"] for e in errors}))
+            problem = Problem(
+                422,
+                "invalid-payload",
+                "Unprocessable Content",
+                f"The body does not fit {kind.name}: check {fields}.",
+                kind=kind.name,
+                errors=errors,
+            )
+            await self._quarantine(request, kind, problem, errors, raw, content_type, remote_addr)
+            return problem.response()
+
+        payload = model.to_stored()  # type: ignore[attr-defined]
+        receipt = await self.writer().store(
+            Arrival(
+                source=self.source_name,
+                kind=kind.name,
+                dedup_key=dedup_key(kind, payload, raw),
+                payload=payload,
+                raw_body=raw,
+                content_type=content_type,
+                method=request.method,
+                remote_addr=remote_addr,
+            )
+        )
+        outcome = "duplicate" if receipt.duplicate else "stored"
+        self.counters.inc(
+            "relay_callbacks_total", source=self.source_name, kind=kind.name, outcome=outcome
+        )
+        answer = {"id": receipt.event_id, "kind": kind.name, "status": "accepted"}
+        return Response(json.dumps(answer).encode(), media_type="application/json")
+
+    def _dispatch(self, data: Any) -> Kind:
+        if isinstance(data, dict):
+            for kind in self.kinds:
+                if kind.matches(data):
+                    return kind
+        return self.kinds[-1]
+
+    async def _quarantine(
+        self,
+        request: Request,
+        kind: Kind | None,
+        problem: Problem,
+        errors: list[dict[str, Any]],
+        raw: bytes,
+        content_type: str | None,
+        remote_addr: str | None,
+    ) -> None:
+        self.counters.inc(
+            "relay_rejected_total", source=self.source_name, status=str(problem.status)
+        )
+        await self.writer().quarantine(
+            Rejection(
+                source=self.source_name,
+                path=request.url.path,
+                kind=kind.name if kind else None,
+                status=problem.status,
+                reason=problem.detail,
+                errors=errors,
+                raw_body=raw,
+                content_type=content_type,
+                remote_addr=remote_addr,
+            )
+        )
+
+
+def _field_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {
+            "field": ".".join(str(part) for part in error["loc"]) or "(body)",
+            "message": error["msg"],
+        }
+        for error in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+def _query_without_token(query_string: bytes) -> bytes:
+    """The raw query string, byte for byte, less the token (a secret is never stored)."""
+    kept = [
+        pair
+        for pair in query_string.split(b"&")
+        if unquote_to_bytes(pair.partition(b"=")[0].replace(b"+", b" ")) != TOKEN_PARAM.encode()
+    ]
+    return b"&".join(kept)

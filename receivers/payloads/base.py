@@ -1,0 +1,55 @@
+"""The base of every platform payload model: tolerant parsing that keeps what it does not know."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class PlatformPayload(BaseModel):
+    """A platform callback body.
+
+    Field names are matched case-insensitively (``ttid``/``ttId``, ``timezone``/``timeZone``),
+    numbers are accepted where the platform sometimes sends strings and vice versa, and unknown
+    fields are kept as extra attributes so nothing the platform sends is dropped.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+        coerce_numbers_to_str=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+    _key_index: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        index: dict[str, str] = {}
+        for name, field in cls.model_fields.items():
+            wire_name = field.alias or name
+            index[wire_name.lower()] = wire_name
+            index[name.lower()] = wire_name
+        cls._key_index = index
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_keys(cls, data: Any) -> Any:
+        """Rename keys that differ from a known field only by letter case."""
+        if not isinstance(data, dict):
+            return data
+        index = cls._key_index
+        renamed: dict[str, Any] = {}
+        for key, value in data.items():
+            canonical = index.get(key.lower(), key) if isinstance(key, str) else key
+            if canonical in renamed and canonical != key:
+                continue  # the exact spelling wins over a case variant
+            renamed[canonical] = value
+        return renamed
+
+    def to_stored(self) -> dict[str, Any]:
+        """The payload as stored: canonical field names, only what was sent, extras kept."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)

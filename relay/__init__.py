@@ -1,0 +1,1 @@
+"""callback-relay's relaying face: settings, the `relay` CLI, and (soon) the relay worker."""

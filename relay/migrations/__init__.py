@@ -1,0 +1,1 @@
+"""Alembic migrations of every callback-relay table."""

@@ -1,0 +1,46 @@
+"""`relay serve`: run the receivers with uvicorn on the configured database."""
+
+from __future__ import annotations
+
+import click
+import uvicorn
+
+from receivers.config import source_prefix
+from receivers.kinds import kinds_by_path
+from relay import log_redaction
+from relay.runtime import Runtime, start
+from relay.settings import Settings
+
+
+async def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> None:
+    """Serve until interrupted."""
+    runtime = await start(settings)
+    try:
+        if runtime.generated_token is not None:
+            print_callback_urls(runtime, host, port)
+        config = uvicorn.Config(
+            runtime.app(),
+            host=host,
+            port=port,
+            log_level=log_level,
+            proxy_headers=False,  # X-Forwarded-For is judged by trusted_proxies, per source
+            server_header=False,
+            lifespan="on",
+        )
+        server = uvicorn.Server(config)
+        log_redaction.install()
+        await server.serve()
+    finally:
+        await runtime.engine.dispose()
+
+
+def print_callback_urls(runtime: Runtime, host: str, port: int) -> None:
+    """Tell the operator which URLs to give the platform (printed once, never logged)."""
+    shown_host = "<this-host>" if host in ("0.0.0.0", "::") else host
+    base = f"http://{shown_host}:{port}{source_prefix('default')}"
+    click.echo("No sources configured: generated a token for the default source")
+    click.echo("(kept in the database; configure [sources.default] to choose your own).")
+    click.echo("Give the platform these callback URLs (use your public https address):")
+    for path, kinds in kinds_by_path().items():
+        label = kinds[0].name if len(kinds) == 1 else kinds[0].name.split(".")[0] + ".*"
+        click.echo(f"  {label:<16} {base}{path}?token={runtime.generated_token}")

@@ -1,0 +1,83 @@
+"""Settings: a TOML file (``--config`` or ``RELAY_CONFIG``), overridden by ``RELAY_*`` env vars."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from receivers.config import DEFAULT_MAX_BODY_BYTES
+from receivers.sources import Network, SourceConfig
+
+CONFIG_ENV = "RELAY_CONFIG"
+DEFAULT_DATABASE_URL = "sqlite:///relay.db"
+
+
+class SettingsError(Exception):
+    """The configuration is unusable; the message says why, without any secret."""
+
+
+class Settings(BaseSettings):
+    """Everything `relay` is configured with; ``RELAY_<KEY>`` overrides a top-level key."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="forbid")
+
+    database_url: str = DEFAULT_DATABASE_URL
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    trusted_proxies: list[Network] = Field(default_factory=list)
+    sources: dict[str, SourceConfig] = Field(default_factory=dict)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Environment variables win over the file's values (given as init arguments)."""
+        return env_settings, init_settings
+
+
+def config_path(given: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
+    """The config file: ``--config``, else ``RELAY_CONFIG``, else none."""
+    chosen = given or environ.get(CONFIG_ENV)
+    return Path(chosen) if chosen else None
+
+
+def load_settings(path: Path | None) -> Settings:
+    """Read the TOML file (if any) and apply the environment on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise SettingsError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, path)) from None
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f" in {path}" if path else ""
+    lines = [f"invalid configuration{where}:"]
+    for error in exc.errors(include_url=False, include_input=False):
+        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"  {location}: {error['msg']}")
+    return "\n".join(lines)
