@@ -12,7 +12,9 @@ from relay.runtime import Runtime, start
 from relay.settings import Settings
 
 
-async def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> None:
+async def serve(
+    settings: Settings, host: str, port: int, log_level: str = "info", *, access_log: bool = True
+) -> None:
     """Serve until interrupted."""
     runtime = await start(settings)
     try:
@@ -23,6 +25,7 @@ async def serve(settings: Settings, host: str, port: int, log_level: str = "info
             host=host,
             port=port,
             log_level=log_level,
+            access_log=access_log,
             proxy_headers=False,  # X-Forwarded-For is judged by trusted_proxies, per source
             server_header=False,
             lifespan="on",
