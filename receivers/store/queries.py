@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from receivers.store.tables import ReceivedEvent, RejectedBody
@@ -21,7 +22,7 @@ async def list_events(
     if source is not None:
         query = query.where(ReceivedEvent.source == source)
     async with AsyncSession(engine) as session:
-        return list((await session.execute(query.limit(limit))).scalars())
+        return list(await session.exec(query.limit(limit)))
 
 
 async def get_event(engine: AsyncEngine, event_id: str) -> ReceivedEvent | None:
@@ -33,13 +34,11 @@ async def get_event(engine: AsyncEngine, event_id: str) -> ReceivedEvent | None:
 async def count_events(engine: AsyncEngine) -> int:
     """How many events are stored."""
     async with AsyncSession(engine) as session:
-        return int(
-            (await session.execute(select(func.count()).select_from(ReceivedEvent))).scalar_one()
-        )
+        return int((await session.exec(select(func.count()).select_from(ReceivedEvent))).one())
 
 
 async def list_rejected(engine: AsyncEngine, *, limit: int = 50) -> list[RejectedBody]:
     """The most recently seen quarantined bodies first."""
-    query = select(RejectedBody).order_by(RejectedBody.last_seen_at.desc()).limit(limit)
+    query = select(RejectedBody).order_by(col(RejectedBody.last_seen_at).desc()).limit(limit)
     async with AsyncSession(engine) as session:
-        return list((await session.execute(query)).scalars())
+        return list(await session.exec(query))

@@ -1,0 +1,129 @@
+"""Shared fixtures: a store on SQLite or PostgreSQL, and in-process receiver clients."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers import ReceiverConfig, SourceConfig, create_app
+from receivers.store.engine import create_engine
+from relay import migrate
+
+PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+TOKEN = "t0ken-for-tests"
+TABLES = ("received_events", "rejected_bodies", "relay_instance_settings")
+
+
+def service_missing(what: str, error: BaseException) -> None:
+    """Fail under CI (the service must be there), skip on a developer machine."""
+    message = f"{what} is not reachable: {error!r}"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test run, migrated, dropped at the end."""
+    name = f"relay_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        service_missing("PostgreSQL", exc)
+    base = PG_ADMIN_DSN.rsplit("/", 1)[0]
+    url = f"{base.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
+
+    async def upgrade() -> None:
+        engine = create_engine(url)
+        await migrate.upgrade(engine)
+        await engine.dispose()
+
+    asyncio.run(upgrade())
+    yield url
+    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Run the test on each store backend."""
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database URL for this test (SQLite file per test; PostgreSQL database per run)."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'relay.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """A migrated, empty store."""
+    engine = create_engine(database_url)
+    if engine.dialect.name == "sqlite":
+        await migrate.upgrade(engine)
+    else:
+        async with engine.begin() as conn:
+            await conn.execute(text(f"TRUNCATE {', '.join(TABLES)}"))
+    yield engine
+    await engine.dispose()
+
+
+ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@asynccontextmanager
+async def running_client(
+    engine: AsyncEngine,
+    sources: dict[str, SourceConfig] | None = None,
+    *,
+    client_ip: str = "127.0.0.1",
+    **options: Any,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client talking in-process to a receiver app whose lifespan is running."""
+    app_options = {key: options.pop(key) for key in ("after_commit", "clock") if key in options}
+    config = ReceiverConfig(sources=sources or {"default": SourceConfig(token=TOKEN)}, **options)
+    app = create_app(config, engine, **app_options)
+    transport = httpx.ASGITransport(app=app, client=(client_ip, 40000))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=transport, base_url="http://relay.test") as client:
+            client.app = app  # type: ignore[attr-defined]
+            yield client
+
+
+@pytest.fixture
+def make_client(engine: AsyncEngine) -> ClientFactory:
+    """``async with make_client(sources, client_ip=..., max_body_bytes=...) as client``."""
+
+    def factory(*args: Any, **kwargs: Any) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        return running_client(engine, *args, **kwargs)
+
+    return factory
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory) -> AsyncIterator[httpx.AsyncClient]:
+    """A receiver with the default source protected by ``?token=TOKEN``."""
+    async with make_client() as client:
+        yield client
