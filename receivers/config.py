@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from ipaddress import ip_network
 
 from receivers.kinds import RESERVED_SOURCE_NAMES
 from receivers.sources import Network, SourceConfig
@@ -14,13 +15,17 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class ReceiverConfig:
-    """Sources and limits of one receiver app."""
+    """Sources and limits of one receiver app (``trusted_proxies`` may be given as CIDR text)."""
 
     sources: Mapping[str, SourceConfig]
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     trusted_proxies: Sequence[Network] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        networks = tuple(
+            ip_network(n, strict=False) if isinstance(n, str) else n for n in self.trusted_proxies
+        )
+        object.__setattr__(self, "trusted_proxies", networks)
         if not self.sources:
             raise ValueError("no source is configured")
         for name in self.sources:

@@ -106,10 +106,12 @@ async def running_client(
     config = ReceiverConfig(sources=sources or {"default": SourceConfig(token=TOKEN)}, **options)
     app = create_app(config, engine, **app_options)
     transport = httpx.ASGITransport(app=app, client=(client_ip, 40000))
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=transport, base_url="http://relay.test") as client:
-            client.app = app  # type: ignore[attr-defined]
-            yield client
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://relay.test") as client,
+    ):
+        client.app = app  # type: ignore[attr-defined]
+        yield client
 
 
 @pytest.fixture

@@ -1,0 +1,165 @@
+"""Every row of the bad-input table: a clear problem+json answer, quarantine, never a 500."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers import SourceConfig
+from receivers.store import queries
+from receivers.store.engine import create_engine
+from relay.simulator import factories
+from tests.conftest import TOKEN, ClientFactory, running_client
+
+PROBLEM = "application/problem+json"
+
+
+def assert_problem(answer: httpx.Response, status: int) -> dict[str, object]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"] == PROBLEM
+    document = answer.json()
+    assert document["status"] == status
+    assert document["type"].startswith("urn:callback-relay:problem:")
+    assert document["title"] and document["detail"]
+    return document
+
+
+async def test_unauthenticated_is_401_and_not_stored(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    assert_problem(await client.post("/hooks/sms/inbound", json=factories.sms_inbound()), 401)
+    assert await queries.count_events(engine) == 0
+    assert await queries.list_rejected(engine) == []
+    counters = client.app.state.counters  # type: ignore[attr-defined]
+    assert counters.get("relay_auth_failures_total", source="default", reason="bad-token") == 1
+
+
+async def test_address_not_allowed_is_403(make_client: ClientFactory, engine: AsyncEngine) -> None:
+    source = SourceConfig(token=TOKEN, allow_ips=["203.0.113.0/24"])
+    async with make_client({"default": source}, client_ip="198.51.100.7") as client:
+        answer = await client.post(f"/hooks/sms/dlr?token={TOKEN}", json=factories.sms_dlr())
+    assert_problem(answer, 403)
+    assert await queries.count_events(engine) == 0
+
+
+async def test_body_over_the_limit_is_413(make_client: ClientFactory, engine: AsyncEngine) -> None:
+    body = factories.sms_inbound({"message": "x" * 5000})
+    async with make_client(max_body_bytes=2048) as client:
+        declared = await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=body)
+
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+            raw = json.dumps(body).encode()
+            for start in range(0, len(raw), 512):
+                yield raw[start : start + 512]
+
+        streamed = await client.post(f"/hooks/sms/inbound?token={TOKEN}", content=chunks())
+    assert_problem(declared, 413)
+    assert_problem(streamed, 413)
+    assert await queries.count_events(engine) == 0
+    assert await queries.list_rejected(engine) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"this is not json", "not JSON"),
+        (b"", "empty"),
+        (b'{"from": "+4915112345678", "to": ', "not JSON"),
+        (b'{"message": "\xff\xfe caf\xe9"}', "not UTF-8"),
+        (b"[" * 5000 + b"]" * 5000, "nested deeper"),
+    ],
+)
+async def test_undecodable_body_is_400_and_quarantined_raw(
+    client: httpx.AsyncClient, engine: AsyncEngine, raw: bytes, why: str
+) -> None:
+    answer = await client.post(f"/hooks/sms/inbound?token={TOKEN}", content=raw)
+
+    document = assert_problem(answer, 400)
+    assert why in str(document["detail"])
+    [rejected] = await queries.list_rejected(engine)
+    assert rejected.raw_body == raw and rejected.status == 400 and rejected.count == 1
+    assert await queries.count_events(engine) == 0
+
+
+async def test_invalid_payload_is_422_naming_the_fields_and_quarantined_once(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    body = factories.sms_inbound()
+    del body["requestId"]
+    body["contentList"][0]["sequenceNumber"] = "first"
+    raw = json.dumps(body).encode()
+    first = await client.post(f"/hooks/sms/inbound?token={TOKEN}", content=raw)
+    second = await client.post(f"/hooks/sms/inbound?token={TOKEN}", content=raw)
+
+    document = assert_problem(first, 422)
+    fields = {error["field"] for error in document["errors"]}  # type: ignore[union-attr]
+    assert fields == {"requestId", "contentList.0.sequenceNumber"}
+    assert "requestId" in str(document["detail"])
+    assert second.json() == document
+    [rejected] = await queries.list_rejected(engine)
+    assert rejected.raw_body == raw
+    assert rejected.count == 2
+    assert rejected.kind == "sms.inbound"
+    assert {e["field"] for e in rejected.errors} == fields
+    assert await queries.count_events(engine) == 0
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'"text"', b"42", b"null"])
+async def test_json_that_is_not_an_object_is_422(
+    client: httpx.AsyncClient, engine: AsyncEngine, raw: bytes
+) -> None:
+    assert_problem(await client.post(f"/hooks/numinfo/gnp?token={TOKEN}", content=raw), 422)
+    assert len(await queries.list_rejected(engine)) == 1
+
+
+async def test_conversations_event_without_event_name_is_422(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    body = factories.conversations_status()
+    del body["event"]
+    document = assert_problem(await client.post(f"/hooks/conversations?token={TOKEN}", json=body),
+                              422)
+    assert "event" in str(document["detail"])
+
+
+async def test_unknown_path_and_method_are_problems(client: httpx.AsyncClient) -> None:
+    assert_problem(await client.post(f"/hooks/sms/outbound?token={TOKEN}", json={}), 404)
+    assert_problem(await client.get(f"/hooks/numinfo/gnp?token={TOKEN}"), 405)
+    assert_problem(await client.delete(f"/hooks/sms/inbound?token={TOKEN}"), 405)
+
+
+async def test_duplicate_answer_is_200_like_the_first(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    body = factories.sms_inbound()
+    first = await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=body)
+    again = await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=body)
+    assert first.status_code == again.status_code == 200
+    assert first.content == again.content
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_database_unavailable_is_503_with_retry_after(backend: str, tmp_path: Path) -> None:
+    url = {
+        "sqlite": f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'relay.db'}",
+        "postgresql": "postgresql+asyncpg://postgres@127.0.0.1:1/test",
+    }[backend]
+    engine = create_engine(url)
+    try:
+        async with running_client(engine) as client:
+            answers = [
+                await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=factories.sms_inbound())
+                for _ in range(2)
+            ]
+            bad = await client.post(f"/hooks/sms/inbound?token={TOKEN}", content=b"nope")
+            ready = await client.get("/readyz")
+    finally:
+        await engine.dispose()
+    for answer in [*answers, bad, ready]:
+        assert_problem(answer, 503)
+        assert answer.headers["retry-after"].isdigit()
