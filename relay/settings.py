@@ -6,10 +6,16 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings import SettingsError as EnvParseError
 
 from receivers.config import DEFAULT_MAX_BODY_BYTES
 from receivers.sources import Network, SourceConfig
@@ -29,7 +35,7 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_DATABASE_URL
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
-    trusted_proxies: list[Network] = Field(default_factory=list)
+    trusted_proxies: Annotated[list[Network], NoDecode] = Field(default_factory=list)
     sources: dict[str, SourceConfig] = Field(default_factory=dict)
 
     @field_validator("trusted_proxies", mode="before")
@@ -72,6 +78,8 @@ def load_settings(path: Path | None) -> Settings:
         return Settings(**data)
     except ValidationError as exc:
         raise SettingsError(_describe(exc, path)) from None
+    except EnvParseError as exc:
+        raise SettingsError(f"invalid environment setting: {exc}") from None
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:

@@ -27,8 +27,14 @@ def basic(credentials: str) -> dict[str, str]:
     return {"authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
 
 
-def signed(body: bytes, *, secret: str = SECRET, at: datetime = NOW, method: str = "HS256",
-           timestamp: str | None = None) -> dict[str, str]:
+def signed(
+    body: bytes,
+    *,
+    secret: str = SECRET,
+    at: datetime = NOW,
+    method: str = "HS256",
+    timestamp: str | None = None,
+) -> dict[str, str]:
     stamp = timestamp if timestamp is not None else str(int(at.timestamp()))
     return {
         "x-request-timestamp": stamp,
@@ -64,14 +70,32 @@ async def test_basic_auth(make_client: ClientFactory) -> None:
         missing = await client.post("/hooks/numinfo/gnp", json=body)
         assert missing.status_code == 401
         assert missing.headers["www-authenticate"].startswith("Basic")
-        assert await post(client, "/hooks/numinfo/gnp", json=body,
-                          headers=basic("platform:wrong")) == 401
-        assert await post(client, "/hooks/numinfo/gnp", json=body,
-                          headers={"authorization": "Basic !!notbase64"}) == 401
-        assert await post(client, "/hooks/numinfo/gnp", json=body,
-                          headers={"authorization": "Bearer platform:pa:ss"}) == 401
-        assert await post(client, "/hooks/numinfo/gnp", json=body,
-                          headers=basic("platform:pa:ss")) == 200
+        assert (
+            await post(client, "/hooks/numinfo/gnp", json=body, headers=basic("platform:wrong"))
+            == 401
+        )
+        assert (
+            await post(
+                client,
+                "/hooks/numinfo/gnp",
+                json=body,
+                headers={"authorization": "Basic !!notbase64"},
+            )
+            == 401
+        )
+        assert (
+            await post(
+                client,
+                "/hooks/numinfo/gnp",
+                json=body,
+                headers={"authorization": "Bearer platform:pa:ss"},
+            )
+            == 401
+        )
+        assert (
+            await post(client, "/hooks/numinfo/gnp", json=body, headers=basic("platform:pa:ss"))
+            == 200
+        )
 
 
 async def test_custom_header(make_client: ClientFactory) -> None:
@@ -79,10 +103,18 @@ async def test_custom_header(make_client: ClientFactory) -> None:
     async with make_client({"default": source}) as client:
         body = factories.conversations_status()
         assert await post(client, "/hooks/conversations", json=body) == 401
-        assert await post(client, "/hooks/conversations", json=body,
-                          headers={"x-callback-key": "other"}) == 401
-        assert await post(client, "/hooks/conversations", json=body,
-                          headers={"X-Callback-Key": "hdr-value"}) == 200
+        assert (
+            await post(
+                client, "/hooks/conversations", json=body, headers={"x-callback-key": "other"}
+            )
+            == 401
+        )
+        assert (
+            await post(
+                client, "/hooks/conversations", json=body, headers={"X-Callback-Key": "hdr-value"}
+            )
+            == 200
+        )
 
 
 @pytest.mark.parametrize("method", ["HS256", "HS512"])
@@ -93,19 +125,27 @@ async def test_hmac_signature(make_client: ClientFactory, method: str) -> None:
         async with make_client({"default": source}) as client:
             path = "/hooks/conversations"
             assert await post(client, path, content=body) == 401
-            assert await post(client, path, content=body,
-                              headers=signed(body, secret="wrong", method=method)) == 401
+            assert (
+                await post(
+                    client, path, content=body, headers=signed(body, secret="wrong", method=method)
+                )
+                == 401
+            )
             tampered = body.replace(b'"messageId"', b'"messageID"')
-            assert await post(client, path, content=tampered,
-                              headers=signed(body, method=method)) == 401
+            assert (
+                await post(client, path, content=tampered, headers=signed(body, method=method))
+                == 401
+            )
             reserialized = json.dumps(json.loads(body), indent=2).encode()
-            assert await post(client, path, content=reserialized,
-                              headers=signed(body, method=method)) == 401
+            assert (
+                await post(client, path, content=reserialized, headers=signed(body, method=method))
+                == 401
+            )
             other = "HS512" if method == "HS256" else "HS256"
-            assert await post(client, path, content=body,
-                              headers=signed(body, method=other)) == 401
-            assert await post(client, path, content=body,
-                              headers=signed(body, method=method)) == 200
+            assert await post(client, path, content=body, headers=signed(body, method=other)) == 401
+            assert (
+                await post(client, path, content=body, headers=signed(body, method=method)) == 200
+            )
 
 
 async def test_hmac_timestamp_window(make_client: ClientFactory) -> None:
@@ -136,8 +176,10 @@ async def test_hmac_signature_padding_and_version(make_client: ClientFactory) ->
             padded = dict(headers, **{"x-signature": headers["x-signature"] + "="})
             assert await post(client, "/hooks/conversations", content=body, headers=padded) == 200
             unknown_version = dict(headers, **{"x-signature-version": "V9"})
-            assert await post(client, "/hooks/conversations", content=body,
-                              headers=unknown_version) == 401
+            assert (
+                await post(client, "/hooks/conversations", content=body, headers=unknown_version)
+                == 401
+            )
 
 
 async def test_ip_allowlist_and_forwarded_for(make_client: ClientFactory) -> None:
@@ -148,8 +190,9 @@ async def test_ip_allowlist_and_forwarded_for(make_client: ClientFactory) -> Non
     async with make_client({"default": source}, client_ip="198.51.100.1") as spoofing:
         spoofed = {"x-forwarded-for": "203.0.113.9"}
         assert await post(spoofing, "/hooks/sms/dlr", json=body(), headers=spoofed) == 403
-    async with make_client({"default": source}, client_ip="10.0.0.2",
-                           trusted_proxies=("10.0.0.0/8",)) as behind_proxy:
+    async with make_client(
+        {"default": source}, client_ip="10.0.0.2", trusted_proxies=("10.0.0.0/8",)
+    ) as behind_proxy:
         chain = {"x-forwarded-for": "198.51.100.1, 203.0.113.9"}
         assert await post(behind_proxy, "/hooks/sms/dlr", json=body(), headers=chain) == 200
         forged = {"x-forwarded-for": "203.0.113.9, 198.51.100.1"}
@@ -173,8 +216,10 @@ async def test_every_configured_check_must_pass(make_client: ClientFactory) -> N
         body = factories.tts_event
         assert await post(client, "/hooks/tts/events?token=tok", json=body()) == 401
         assert await post(client, "/hooks/tts/events", json=body(), headers=basic("u:p")) == 401
-        assert await post(client, "/hooks/tts/events?token=tok", json=body(),
-                          headers=basic("u:p")) == 200
+        assert (
+            await post(client, "/hooks/tts/events?token=tok", json=body(), headers=basic("u:p"))
+            == 200
+        )
 
 
 async def test_anonymous_source_accepts_anyone(make_client: ClientFactory) -> None:
@@ -192,13 +237,20 @@ def test_source_without_any_check_is_refused() -> None:
 async def test_secrets_never_reach_logs_or_the_store(
     make_client: ClientFactory, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    source = SourceConfig(token="tok-SECRET-1", header=HeaderCheck(name="x-key", value="HDR-SECRET"))
+    source = SourceConfig(
+        token="tok-SECRET-1", header=HeaderCheck(name="x-key", value="HDR-SECRET")
+    )
     caplog.set_level(logging.DEBUG)
     async with make_client({"default": source}) as client:
-        await client.post("/hooks/sms/inbound?token=WRONG-SECRET", json=factories.sms_inbound(),
-                          headers={"x-key": "HDR-SECRET"})
-        ok = await client.get("/hooks/sms/inbound?token=tok-SECRET-1&from=%2B1&to=%2B2"
-                              "&message=hi&requestId=r1", headers={"x-key": "HDR-SECRET"})
+        await client.post(
+            "/hooks/sms/inbound?token=WRONG-SECRET",
+            json=factories.sms_inbound(),
+            headers={"x-key": "HDR-SECRET"},
+        )
+        ok = await client.get(
+            "/hooks/sms/inbound?token=tok-SECRET-1&from=%2B1&to=%2B2&message=hi&requestId=r1",
+            headers={"x-key": "HDR-SECRET"},
+        )
     assert ok.status_code == 200
     stored = await queries.get_event(engine, ok.json()["id"])
     assert stored is not None and b"SECRET" not in stored.raw_body

@@ -122,8 +122,9 @@ async def test_conversations_event_without_event_name_is_422(
 ) -> None:
     body = factories.conversations_status()
     del body["event"]
-    document = assert_problem(await client.post(f"/hooks/conversations?token={TOKEN}", json=body),
-                              422)
+    document = assert_problem(
+        await client.post(f"/hooks/conversations?token={TOKEN}", json=body), 422
+    )
     assert "event" in str(document["detail"])
 
 

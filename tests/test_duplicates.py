@@ -75,7 +75,9 @@ async def test_two_hundred_concurrent_distinct_posts_are_all_stored_once(
     assert all(e.duplicates == 0 for e in events)
 
 
-async def test_dlr_status_is_part_of_the_key(client: httpx.AsyncClient, engine: AsyncEngine) -> None:
+async def test_dlr_status_is_part_of_the_key(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
     buffered = factories.sms_dlr(status="BUFFERED")
     delivered = dict(buffered, status="DELIVERED")
     delivered_again = dict(buffered, status="delivered")

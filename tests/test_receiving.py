@@ -18,27 +18,59 @@ from tests.conftest import TOKEN, ClientFactory
 CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("/hooks/sms/inbound", "sms.inbound", factories.sms_inbound(), "requestId"),
     ("/hooks/sms/inbound", "sms.inbound", factories.sms_inbound(parts=3), "requestId"),
-    ("/hooks/sms/inbound", "sms.inbound", factories.sms_inbound(parts=3, missing_part=True),
-     "requestId"),
+    (
+        "/hooks/sms/inbound",
+        "sms.inbound",
+        factories.sms_inbound(parts=3, missing_part=True),
+        "requestId",
+    ),
     ("/hooks/sms/dlr", "sms.dlr", factories.sms_dlr(status="BUFFERED"), "requestId"),
     ("/hooks/sms/dlr", "sms.dlr", factories.sms_dlr(status="UNDELIVERABLE", parts=2), "requestId"),
     ("/hooks/numinfo/gnp", "numinfo.gnp", factories.numinfo_gnp(), "requestId"),
     ("/hooks/numinfo/gnv", "numinfo.gnv", factories.numinfo_gnv(), "requestId"),
     ("/hooks/conversations", "conversations.status", factories.conversations_status(), "messageId"),
-    ("/hooks/conversations", "conversations.status",
-     factories.conversations_status(event="MessageStatus::channelFailed"), "messageId"),
-    ("/hooks/chat-api", "conversations.status", factories.conversations_status(v2=True),
-     "messageId"),
-    ("/hooks/conversations", "conversations.inbound", factories.conversations_inbound(),
-     "messageId"),
-    ("/hooks/conversations", "conversations.inbound",
-     factories.conversations_inbound(kind="media"), "messageId"),
-    ("/hooks/conversations", "conversations.inbound",
-     factories.conversations_inbound(kind="postback"), "messageId"),
-    ("/hooks/chat-api", "conversations.inbound", factories.conversations_inbound(kind="order"),
-     "messageId"),
-    ("/hooks/conversations", "conversations.inbound",
-     factories.conversations_inbound(kind="sms", channel="sms"), "messageId"),
+    (
+        "/hooks/conversations",
+        "conversations.status",
+        factories.conversations_status(event="MessageStatus::channelFailed"),
+        "messageId",
+    ),
+    (
+        "/hooks/chat-api",
+        "conversations.status",
+        factories.conversations_status(v2=True),
+        "messageId",
+    ),
+    (
+        "/hooks/conversations",
+        "conversations.inbound",
+        factories.conversations_inbound(),
+        "messageId",
+    ),
+    (
+        "/hooks/conversations",
+        "conversations.inbound",
+        factories.conversations_inbound(kind="media"),
+        "messageId",
+    ),
+    (
+        "/hooks/conversations",
+        "conversations.inbound",
+        factories.conversations_inbound(kind="postback"),
+        "messageId",
+    ),
+    (
+        "/hooks/chat-api",
+        "conversations.inbound",
+        factories.conversations_inbound(kind="order"),
+        "messageId",
+    ),
+    (
+        "/hooks/conversations",
+        "conversations.inbound",
+        factories.conversations_inbound(kind="sms", channel="sms"),
+        "messageId",
+    ),
     ("/hooks/conversations", "conversations.event", factories.conversations_event(), None),
     ("/hooks/tts/events", "tts.event", factories.tts_event(), "callId"),
     ("/hooks/tts/events", "tts.event", factories.tts_event(status="ringing"), "callId"),
@@ -47,12 +79,17 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
 
 @pytest.mark.parametrize(("path", "kind", "payload", "id_field"), CASES)
 async def test_every_kind_is_stored_byte_for_byte(
-    client: httpx.AsyncClient, engine: AsyncEngine, path: str, kind: str,
-    payload: dict[str, Any], id_field: str | None,
+    client: httpx.AsyncClient,
+    engine: AsyncEngine,
+    path: str,
+    kind: str,
+    payload: dict[str, Any],
+    id_field: str | None,
 ) -> None:
     raw = json.dumps(payload, indent=1).encode()  # whitespace the parser would not keep
-    answer = await client.post(f"{path}?token={TOKEN}", content=raw,
-                               headers={"content-type": "application/json"})
+    answer = await client.post(
+        f"{path}?token={TOKEN}", content=raw, headers={"content-type": "application/json"}
+    )
 
     assert answer.status_code == 200, answer.text
     assert answer.json()["kind"] == kind
@@ -94,7 +131,10 @@ def assert_same_fields(stored: Any, sent: Any) -> None:
     ],
 )
 async def test_get_variant_stores_query_parameters(
-    client: httpx.AsyncClient, engine: AsyncEngine, path: str, kind: str,
+    client: httpx.AsyncClient,
+    engine: AsyncEngine,
+    path: str,
+    kind: str,
     payload: dict[str, Any],
 ) -> None:
     flat = {k: v for k, v in payload.items() if not isinstance(v, list | dict)}
@@ -192,8 +232,7 @@ async def test_named_sources_are_served_under_their_prefix(
     }
     async with make_client(sources) as client:
         named = await client.post("/hooks/eu/sms/dlr?token=eu-token", json=factories.sms_dlr())
-        wrong_token = await client.post("/hooks/eu/sms/dlr?token=a-token",
-                                        json=factories.sms_dlr())
+        wrong_token = await client.post("/hooks/eu/sms/dlr?token=a-token", json=factories.sms_dlr())
         unknown = await client.post("/hooks/us/sms/dlr?token=a-token", json=factories.sms_dlr())
 
     assert named.status_code == 200

@@ -1,0 +1,138 @@
+"""The `relay` command line: inspection, migrations, configuration errors, first start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from receivers.store.engine import create_engine
+from relay import migrate
+from relay.bootstrap import generated_token
+from relay.cli import main
+from relay.settings import SettingsError, load_settings
+from relay.simulator import factories
+from tests.conftest import TOKEN, running_client
+
+
+def write_config(tmp_path: Path, database_url: str, extra: str = "") -> Path:
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'database_url = "{database_url}"\n{extra}[sources.default]\ntoken = "{TOKEN}"\n'
+    )
+    return config
+
+
+def relay(*args: str, env: dict[str, str] | None = None) -> str:
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def store_some(database_url: str) -> tuple[list[str], dict[str, object]]:
+    engine = create_engine(database_url)
+    inbound = factories.sms_inbound()
+    try:
+        async with running_client(engine) as client:
+            ids = [
+                (await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=inbound)).json()["id"],
+                (
+                    await client.post(f"/hooks/sms/dlr?token={TOKEN}", json=factories.sms_dlr())
+                ).json()["id"],
+                (await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=inbound)).json()["id"],
+            ]
+            await client.post(f"/hooks/numinfo/gnp?token={TOKEN}", content=b"{broken")
+    finally:
+        await engine.dispose()
+    return ids, inbound
+
+
+def test_events_list_show_and_rejected_list(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    config = str(write_config(tmp_path, url))
+    assert "0001" in relay("db", "upgrade", "--config", config)
+    ids, inbound = asyncio.run(store_some(url))
+
+    listed = json.loads(relay("events", "list", "--json", "--config", config))
+    assert {e["id"] for e in listed} == set(ids)
+    for event in listed:
+        assert {"id", "source", "kind", "dedup_key", "received_at", "duplicates", "payload"} <= set(
+            event
+        )
+    only_dlr = json.loads(
+        relay("events", "list", "--kind", "sms.dlr", "--json", "--config", config)
+    )
+    assert [e["id"] for e in only_dlr] == [ids[1]]
+    assert json.loads(relay("events", "list", "--limit", "1", "--json", "--config", config))
+
+    shown = json.loads(relay("events", "show", ids[0], "--json", "--config", config))
+    assert shown["id"] == ids[0] and shown["duplicates"] == 1
+    assert shown["payload"]["requestId"] == inbound["requestId"]
+    assert json.loads(shown["raw_body"]) == inbound
+    assert inbound["requestId"] in relay("events", "show", ids[0], "--config", config)
+    assert ids[1] in relay("events", "list", "--config", config)
+
+    [rejected] = json.loads(relay("rejected", "list", "--json", "--config", config))
+    assert rejected["status"] == 400 and rejected["raw_body"] == "{broken"
+    assert "/hooks/numinfo/gnp" in relay("rejected", "list", "--config", config)
+
+
+def test_show_unknown_event_is_a_clear_error(tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, f"sqlite:///{tmp_path / 'relay.db'}"))
+    relay("db", "upgrade", "--config", config)
+    result = CliRunner().invoke(main, ["events", "show", "nope", "--config", config])
+    assert result.exit_code == 1 and "no event nope" in result.output
+
+
+def test_config_errors_are_clear_and_name_no_secret(tmp_path: Path) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text('[sources.default]\nheader = { name = "X-Key" }\n[sources.open]\n')
+    result = CliRunner().invoke(main, ["events", "list", "--config", str(config)])
+    assert result.exit_code == 1
+    assert "sources.default.header.value" in result.output
+    assert "allow_anonymous" in result.output
+    missing = CliRunner().invoke(main, ["events", "list", "--config", str(tmp_path / "none")])
+    assert missing.exit_code == 1 and "does not exist" in missing.output
+
+
+def test_environment_overrides_top_level_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, "sqlite:///from-file.db")
+    monkeypatch.setenv("RELAY_DATABASE_URL", "sqlite:///from-env.db")
+    monkeypatch.setenv("RELAY_MAX_BODY_BYTES", "4096")
+    monkeypatch.setenv("RELAY_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.0.0/16")
+    settings = load_settings(config)
+    assert settings.database_url == "sqlite:///from-env.db"
+    assert settings.max_body_bytes == 4096
+    assert [str(n) for n in settings.trusted_proxies] == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert settings.sources["default"].token[0].get_secret_value() == TOKEN
+    monkeypatch.setenv("RELAY_MAX_BODY_BYTES", "lots")
+    with pytest.raises(SettingsError, match="max_body_bytes"):
+        load_settings(config)
+
+
+def test_reserved_source_names_are_refused(tmp_path: Path) -> None:
+    from receivers import ReceiverConfig, SourceConfig
+
+    with pytest.raises(ValueError, match="taken by a receiver path"):
+        ReceiverConfig(sources={"sms": SourceConfig(token="t")})
+
+
+def test_generated_token_is_kept_across_restarts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+
+    async def token_of_a_fresh_start() -> str:
+        engine = create_engine(url)
+        try:
+            await migrate.upgrade(engine)
+            return await generated_token(engine)
+        finally:
+            await engine.dispose()
+
+    first = asyncio.run(token_of_a_fresh_start())
+    assert len(first) >= 32
+    assert asyncio.run(token_of_a_fresh_start()) == first

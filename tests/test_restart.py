@@ -1,0 +1,127 @@
+"""Restarts keep everything: in-process app restarts, and a real server killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers.store import queries
+from receivers.store.engine import create_engine
+from relay.simulator import factories
+from tests.conftest import TOKEN, running_client
+
+
+async def test_restart_keeps_every_event_and_the_dedup_memory(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    bodies = [factories.sms_inbound() for _ in range(20)]
+    async with running_client(engine) as client:
+        first_ids = [
+            (await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=b)).json()["id"]
+            for b in bodies
+        ]
+    await engine.dispose()
+
+    reopened = create_engine(database_url)
+    try:
+        async with running_client(reopened) as client:
+            again = [
+                (await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=b)).json()["id"]
+                for b in bodies
+            ]
+        events = await queries.list_events(reopened, limit=100)
+    finally:
+        await reopened.dispose()
+    assert again == first_ids
+    assert {e.id for e in events} == set(first_ids)
+    assert all(e.duplicates == 1 for e in events)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "relay",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        cwd=config.parent,
+        env={**os.environ, "RELAY_CONFIG": ""},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited: {log.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"server did not start: {log.read_text()}")
+
+
+def test_acked_events_survive_sigkill_of_a_real_server(tmp_path: Path) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'database_url = "sqlite:///{tmp_path / "relay.db"}"\n'
+        f'[sources.default]\ntoken = "{TOKEN}"\n'
+    )
+    port = free_port()
+    server = start_server(config, port, tmp_path / "server.log")
+    acked: set[str] = set()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            for _ in range(100):
+                answer = client.post(f"/hooks/sms/dlr?token={TOKEN}", json=factories.sms_dlr())
+                assert answer.status_code == 200
+                acked.add(answer.json()["id"])
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+
+    server = start_server(config, port, tmp_path / "server.log")
+    server.terminate()
+    server.wait(timeout=30)
+    listing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay",
+            "events",
+            "list",
+            "--json",
+            "--limit",
+            "1000",
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    stored = {event["id"] for event in json.loads(listing.stdout)}
+    assert stored == acked
