@@ -1,4 +1,4 @@
-"""Durations in settings: ``"500ms"``, ``"5s"``, ``"1m"``, ``"2h"``, ``"14d"`` or a number of seconds."""
+"""Durations in settings: "500ms", "5s", "1m", "2h", "14d", or a number of seconds."""
 
 from __future__ import annotations
 

@@ -1,0 +1,61 @@
+"""A destination's health: consecutive failures, a breaker pause, and 410 Gone.
+
+Pure values and transitions, applied on top of a delivery's policy. The pause parameters ride with
+the policy of the delivery whose attempt failed (``Policy.pause_after`` / ``Policy.pause_for``):
+for ``platform-sms``, after every 100 consecutive failures the destination gets no attempts for
+10 minutes. A delivery that comes due meanwhile is *held* until the pause ends
+(:func:`hold_until`); it is not attempted, so it is not counted as failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relay.policies import Policy
+
+
+@dataclass(frozen=True)
+class DestinationHealth:
+    """What the relay knows about one destination."""
+
+    consecutive_failures: int = 0
+    paused_until: datetime | None = None
+    disabled: bool = False
+
+
+def after_success(health: DestinationHealth) -> DestinationHealth:
+    """A delivery succeeded: the failure count restarts and any pause ends."""
+    return replace(health, consecutive_failures=0, paused_until=None)
+
+
+def after_failure(health: DestinationHealth, policy: Policy, now: datetime) -> DestinationHealth:
+    """An attempt failed at ``now``: count it; every ``pause_after``-th failure pauses."""
+    failures = health.consecutive_failures + 1
+    paused_until = health.paused_until
+    if policy.pause_after and policy.pause_for and failures % policy.pause_after == 0:
+        paused_until = now + policy.pause_for
+    return replace(health, consecutive_failures=failures, paused_until=paused_until)
+
+
+def after_gone(health: DestinationHealth) -> DestinationHealth:
+    """The destination answered 410 Gone: disabled until an operator enables it."""
+    return replace(health, disabled=True)
+
+
+def enabled(health: DestinationHealth) -> DestinationHealth:
+    """An operator enabled the destination again: a fresh start (no failures, no pause)."""
+    return DestinationHealth()
+
+
+def hold_until(health: DestinationHealth, now: datetime) -> datetime | None:
+    """When a delivery due at ``now`` may be attempted, if it must wait for a pause; else None.
+
+    Holding is not failing: the caller re-schedules the delivery without counting an attempt.
+    ``health.disabled`` is not reflected here; the caller checks it separately.
+    """
+    if health.paused_until is not None and health.paused_until > now:
+        return health.paused_until
+    return None
