@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 
 from sqlalchemy import text
@@ -39,22 +40,25 @@ def create_app(
     *,
     after_commit: AfterCommit | None = None,
     clock: Callable[[], datetime] = utc_now,
+    around: Callable[[], AbstractAsyncContextManager[None]] | None = None,
 ) -> Starlette:
     """The receivers app: every kind's URL for every configured source, plus health checks.
 
     ``after_commit`` is awaited with the newly stored events after each commit (the relay's
-    hook); the receivers themselves know nothing about relaying.
+    hook); the receivers themselves know nothing about relaying. ``around`` is entered before
+    the store's writer starts and left after it has stopped (what the hook needs lives there).
     """
     counters = Counters()
     writer = EventWriter(engine, clock=clock, after_commit=after_commit)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await writer.start()
-        try:
-            yield
-        finally:
-            await writer.stop()
+        async with around() if around else contextlib.nullcontext():
+            await writer.start()
+            try:
+                yield
+            finally:
+                await writer.stop()
 
     routes: list[Route] = []
     for source_name, source in config.sources.items():

@@ -1,11 +1,15 @@
-"""Wiring: settings -> database -> receivers app (and later the relay worker)."""
+"""Wiring: settings -> database -> receivers app + relay (embedded worker or real Redis)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+import fakeredis
+from arq.connections import ArqRedis, RedisSettings, create_pool
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
@@ -15,7 +19,10 @@ from receivers.config import ReceiverConfig
 from receivers.store.engine import create_engine
 from relay import migrate
 from relay.bootstrap import generated_token, token_source
+from relay.jobs import JobQueue
+from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
+from relay.worker import EmbeddedWorker, build_worker
 
 
 @dataclass
@@ -28,8 +35,51 @@ class Runtime:
     generated_token: str | None
 
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
-        """The ASGI app to serve."""
-        return create_app(self.receiver_config, self.engine, clock=clock)
+        """The ASGI app to serve: receivers whose commits are routed and relayed."""
+        hook = RoutingHook(self.engine, router_for(self.settings), clock)
+
+        @contextlib.asynccontextmanager
+        async def relay() -> AsyncIterator[None]:
+            async with relay_queue(self.settings, self.engine, clock) as queue:
+                hook.queue = queue
+                yield
+
+        return create_app(
+            self.receiver_config, self.engine, after_commit=hook, clock=clock, around=relay
+        )
+
+
+@contextlib.asynccontextmanager
+async def relay_queue(
+    settings: Settings, engine: AsyncEngine, clock: Callable[[], datetime]
+) -> AsyncIterator[JobQueue]:
+    """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
+    worker running in this event loop."""
+    if settings.redis_url:
+        pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+        try:
+            yield JobQueue(pool)
+        finally:
+            await pool.aclose()
+        return
+    pool = embedded_pool()
+    worker = build_worker(
+        settings, engine, pool, clock=clock, worker_class=EmbeddedWorker, handle_signals=False
+    )
+    task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
+    try:
+        yield JobQueue(pool)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await worker.close()
+
+
+def embedded_pool() -> ArqRedis:
+    """An arq connection to an in-memory Redis (fakeredis) private to this process."""
+    fake = fakeredis.FakeAsyncRedis()
+    return ArqRedis(connection_pool=fake.connection_pool)
 
 
 async def prepare_database(engine: AsyncEngine) -> None:
@@ -64,3 +114,25 @@ async def start(settings: Settings) -> Runtime:
         await engine.dispose()
         raise
     return Runtime(settings, engine, config, token)
+
+
+async def run_worker(settings: Settings, clock: Callable[[], datetime] = utc_now) -> None:
+    """`relay worker`: the relay worker and its sweeper on the configured Redis, until stopped."""
+    if not settings.redis_url:
+        raise SettingsError(
+            "relay worker needs redis_url (RELAY_REDIS_URL); without it, `relay serve` runs "
+            "the worker in its own process"
+        )
+    engine = create_engine(settings.database_url)
+    try:
+        await prepare_database(engine)
+        pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+        worker = build_worker(settings, engine, pool, clock=clock)
+        try:
+            await worker.async_run()
+        except asyncio.CancelledError:
+            pass  # SIGINT/SIGTERM: arq cancels its main task
+        finally:
+            await worker.close()
+    finally:
+        await engine.dispose()

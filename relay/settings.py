@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -19,6 +20,10 @@ from pydantic_settings import SettingsError as EnvParseError
 
 from receivers.config import DEFAULT_MAX_BODY_BYTES
 from receivers.sources import Network, SourceConfig
+from relay.destinations.config import DestinationConfig
+from relay.durations import Duration
+from relay.policies import Policy, PolicyConfigs, resolve_policies
+from relay.router import PLATFORM_POLICY
 
 CONFIG_ENV = "RELAY_CONFIG"
 DEFAULT_DATABASE_URL = "sqlite:///relay.db"
@@ -37,6 +42,32 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     trusted_proxies: Annotated[list[Network], NoDecode] = Field(default_factory=list)
     sources: dict[str, SourceConfig] = Field(default_factory=dict)
+    redis_url: str | None = None
+    """Real Redis for the relay's queue (scaled mode); empty or absent: embedded fakeredis."""
+    destinations: dict[str, DestinationConfig] = Field(default_factory=dict)
+    policies: PolicyConfigs = Field(default_factory=dict)
+    sweep_interval: Duration = timedelta(seconds=5)
+    worker_concurrency: int = Field(default=50, ge=1, le=1000)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _empty_is_embedded(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
+
+    @model_validator(mode="after")
+    def _policies_exist(self) -> Settings:
+        known = set(resolve_policies(self.policies)) | {PLATFORM_POLICY}
+        for name, destination in self.destinations.items():
+            if destination.policy not in known:
+                raise ValueError(
+                    f"destination {name!r} uses policy {destination.policy!r}, which is not "
+                    f"defined (known: {', '.join(sorted(known))})"
+                )
+        return self
+
+    def resolved_policies(self) -> Mapping[str, Policy]:
+        """Built-in and custom retry policies by name."""
+        return resolve_policies(self.policies)
 
     @field_validator("trusted_proxies", mode="before")
     @classmethod

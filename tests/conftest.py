@@ -23,7 +23,10 @@ from relay import migrate
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TOKEN = "t0ken-for-tests"
-TABLES = ("received_events", "rejected_bodies", "relay_instance_settings")
+TABLES = (
+    "delivery_attempts", "deliveries", "routed_events", "destination_states",
+    "received_events", "rejected_bodies", "relay_instance_settings",
+)
 
 
 def service_missing(what: str, error: BaseException) -> None:

@@ -53,7 +53,7 @@ async def store_some(database_url: str) -> tuple[list[str], dict[str, object]]:
 def test_events_list_show_and_rejected_list(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'relay.db'}"
     config = str(write_config(tmp_path, url))
-    assert "0001" in relay("db", "upgrade", "--config", config)
+    assert migrate.head_revision() in relay("db", "upgrade", "--config", config)
     ids, inbound = asyncio.run(store_some(url))
 
     listed = json.loads(relay("events", "list", "--json", "--config", config))

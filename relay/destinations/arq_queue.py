@@ -1,0 +1,76 @@
+"""arq destinations: enqueue a job per event, with the event id as job id."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from redis.exceptions import RedisError
+
+from relay.destinations.config import ArqDestinationConfig
+from relay.destinations.errors import describe_error, timeout_error
+from relay.destinations.outbound import Outbound, envelope
+from relay.destinations.outcome import Outcome
+
+
+class ArqDestination:
+    """Enqueues ``function(envelope)`` on ``queue_name``.
+
+    The job id is ``job_id_prefix + event id``: arq refuses a job whose id is queued, running or
+    still has a kept result, and that refusal counts as success (the event is already there).
+    The pool is created on first use, without arq's own connection retries (the relay retries).
+    """
+
+    def __init__(
+        self, name: str, config: ArqDestinationConfig, *, pool: ArqRedis | None = None
+    ) -> None:
+        self.name = name
+        self._settings = dataclasses.replace(RedisSettings.from_dsn(config.url), conn_retries=0)
+        self._function = config.function
+        self._queue_name = config.queue_name
+        self._prefix = config.job_id_prefix
+        self._owns_pool = pool is None
+        self._pool = pool
+        self._lock = asyncio.Lock()
+
+    def job_id(self, outbound: Outbound) -> str:
+        """The arq job id for an event."""
+        return f"{self._prefix}{outbound.event_id}"
+
+    async def _get_pool(self) -> ArqRedis:
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await create_pool(self._settings)
+            return self._pool
+
+    async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
+        """Enqueue once; never raises for connection or Redis errors."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout):
+                pool = await self._get_pool()
+                await pool.enqueue_job(
+                    self._function,
+                    envelope(outbound),
+                    _job_id=self.job_id(outbound),
+                    _queue_name=self._queue_name,
+                )
+        except TimeoutError:
+            error = timeout_error(timeout)
+        except (RedisError, OSError) as exc:
+            error = describe_error(exc)
+        else:
+            return Outcome(ok=True, duration_ms=_since(started))
+        return Outcome(ok=False, error=error, duration_ms=_since(started))
+
+    async def aclose(self) -> None:
+        """Close the pool if this destination made it."""
+        if self._owns_pool and self._pool is not None:
+            await self._pool.aclose()
+            self._pool = None
+
+
+def _since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000

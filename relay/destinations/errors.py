@@ -1,0 +1,40 @@
+"""Short, secret-free descriptions of delivery errors."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+MAX_ERROR_LENGTH = 200
+USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def timeout_error(timeout: float) -> str:
+    """The error for an attempt that ran out of time."""
+    return f"timeout after {float(timeout)}s"
+
+
+def describe_error(exc: BaseException) -> str:
+    """A short description of a network error, naming the root cause when it is a common one."""
+    for cause in _chain(exc):
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, ConnectionResetError):
+            return "connection reset"
+        if isinstance(cause, socket.gaierror):
+            return "name resolution failed"
+        if isinstance(cause, TimeoutError):
+            return "timeout"
+    text = USERINFO.sub("", str(exc)).strip()
+    described = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return described[:MAX_ERROR_LENGTH]
+
+
+def _chain(exc: BaseException, limit: int = 10) -> list[BaseException]:
+    """The exception and its causes/contexts, outermost first."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < limit and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen

@@ -1,0 +1,154 @@
+"""HTTP destinations: POST each event, signed the Standard Webhooks way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+
+import httpx
+
+from relay.destinations.config import HttpDestinationConfig
+from relay.destinations.errors import describe_error, timeout_error
+from relay.destinations.outbound import Outbound, render
+from relay.destinations.outcome import EXCERPT_BYTES, Outcome, excerpt
+from relay.destinations.retry_after import parse_retry_after
+from relay.destinations.signing import Signer
+
+USER_AGENT = "callback-relay"
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+def new_http_client(
+    transport: httpx.AsyncBaseTransport | None = None, *, limits: httpx.Limits | None = None
+) -> httpx.AsyncClient:
+    """A client fit for relaying: pooled, no redirects followed, no cookies kept."""
+    no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+    return httpx.AsyncClient(
+        transport=transport,
+        limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        follow_redirects=False,
+        cookies=no_cookies,
+        headers={"user-agent": USER_AGENT},
+    )
+
+
+class HttpDestination:
+    """POSTs events to one URL.
+
+    Body: the envelope as JSON, or (``format = "raw"``) the platform's body with its content
+    type (GET callbacks: the query string, form-encoded). Headers: ``webhook-id`` (the event id,
+    the same on every attempt), ``webhook-timestamp``, ``webhook-signature`` (when secrets are
+    configured), ``user-agent`` and the configured extra headers.
+
+    Share one client between destinations for pooling (``client``, not closed by ``aclose``);
+    otherwise the destination makes its own (over ``transport`` if given).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: HttpDestinationConfig,
+        *,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self._url = config.url
+        self._format = config.format
+        self._headers = dict(config.headers)
+        secrets = [secret.get_secret_value() for secret in config.secret]
+        self._signer = Signer(secrets) if secrets else None
+        self._owns_client = client is None
+        self._client = client if client is not None else new_http_client(transport)
+        self._clock = clock
+
+    def headers_for(
+        self, outbound: Outbound, body: bytes, content_type: str | None
+    ) -> dict[str, str]:
+        """The request headers of one attempt."""
+        timestamp = int(self._clock())
+        headers = {"user-agent": USER_AGENT, **self._headers}
+        if content_type:
+            headers["content-type"] = content_type
+        headers["webhook-id"] = outbound.event_id
+        headers["webhook-timestamp"] = str(timestamp)
+        if self._signer is not None:
+            headers["webhook-signature"] = self._signer.signature(
+                outbound.event_id, timestamp, body
+            )
+        return headers
+
+    async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
+        """POST once; never raises for network errors."""
+        started = time.perf_counter()
+        body, content_type = render(outbound, self._format)
+        headers = self.headers_for(outbound, body, content_type)
+        deadline = asyncio.get_running_loop().time() + timeout
+
+        def elapsed() -> float:
+            return (time.perf_counter() - started) * 1000
+
+        try:
+            async with asyncio.timeout_at(deadline):
+                request = self._client.build_request(
+                    "POST", self._url, content=body, headers=headers, timeout=timeout
+                )
+                response = await self._client.send(request, stream=True, follow_redirects=False)
+        except (TimeoutError, httpx.TimeoutException):
+            return Outcome(ok=False, error=timeout_error(timeout), duration_ms=elapsed())
+        except (httpx.HTTPError, OSError) as exc:
+            return Outcome(ok=False, error=describe_error(exc), duration_ms=elapsed())
+        try:
+            async with asyncio.timeout_at(deadline):
+                head = await _read_head(response)
+        except (TimeoutError, httpx.HTTPError, OSError):
+            head = b""  # the status is what counts; the excerpt is a courtesy
+        finally:
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                await response.aclose()
+        return judge(response, head, elapsed())
+
+    async def aclose(self) -> None:
+        """Close the client if this destination made it."""
+        if self._owns_client:
+            await self._client.aclose()
+
+
+async def _read_head(response: httpx.Response) -> bytes:
+    """At most ``EXCERPT_BYTES`` of the (decoded) answer, without reading the rest."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= EXCERPT_BYTES:
+            break
+    return b"".join(chunks)[:EXCERPT_BYTES]
+
+
+def judge(response: httpx.Response, head: bytes, duration_ms: float) -> Outcome:
+    """The outcome of an answer: 2xx is success, anything else (redirects too) a failure."""
+    status = response.status_code
+    text = excerpt(head)
+    if 200 <= status < 300:
+        return Outcome(ok=True, status_code=status, response_excerpt=text, duration_ms=duration_ms)
+    reason = httpx.codes.get_reason_phrase(status)
+    error = f"HTTP {status} {reason}".strip()
+    if 300 <= status < 400:
+        error += " (redirects are not followed)"
+    retry_after = None
+    if status in RETRY_AFTER_STATUSES:
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+    return Outcome(
+        ok=False,
+        status_code=status,
+        error=error,
+        response_excerpt=text,
+        retry_after=retry_after,
+        gone=status == 410,
+        duration_ms=duration_ms,
+    )

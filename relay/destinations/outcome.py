@@ -1,0 +1,34 @@
+"""The result of one delivery attempt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+EXCERPT_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened when delivering once.
+
+    ``error`` is short and never contains secrets. ``response_excerpt`` is the start of the
+    destination's answer (at most ``EXCERPT_BYTES`` bytes, decoded leniently). ``retry_after`` is
+    what a 429/503 answer asked for, unclamped (the retry policy bounds it). ``gone`` means the
+    destination answered 410: it does not want this (or any) event any more.
+    """
+
+    ok: bool
+    status_code: int | None = None
+    error: str | None = None
+    response_excerpt: str | None = None
+    retry_after: timedelta | None = None
+    gone: bool = False
+    duration_ms: float = 0.0
+
+
+def excerpt(data: bytes) -> str | None:
+    """The first ``EXCERPT_BYTES`` of an answer as text, or None when it is empty."""
+    if not data:
+        return None
+    return data[:EXCERPT_BYTES].decode("utf-8", errors="replace")

@@ -1,0 +1,48 @@
+"""The relay's own arq queue: one job per delivery attempt, with an id arq can dedupe."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from arq.connections import ArqRedis
+
+from relay.outbox import Due
+
+QUEUE_NAME = "relay:queue"
+DELIVER_FUNCTION = "deliver"
+ENQUEUE_CONCURRENCY = 32
+
+
+def deliver_job_id(due: Due) -> str:
+    """``relay:deliver:<delivery id>:<attempts made>``.
+
+    arq refuses a job id that exists, so the sweeper may re-enqueue freely: a job that is still
+    queued is not duplicated. The attempt count makes every attempt's id new, so a finished
+    attempt never blocks the next one (deliver jobs also keep no result).
+    """
+    return f"relay:deliver:{due.id}:{due.attempts}"
+
+
+class JobQueue:
+    """Enqueues deliver jobs on the relay queue (real Redis, or fakeredis when embedded)."""
+
+    def __init__(self, pool: ArqRedis) -> None:
+        self.pool = pool
+        self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
+
+    async def enqueue(self, due: Sequence[Due]) -> int:
+        """Enqueue a deliver job per delivery, at its time; returns how many were new."""
+        results = await asyncio.gather(*(self._enqueue_one(d) for d in due))
+        return sum(results)
+
+    async def _enqueue_one(self, due: Due) -> bool:
+        async with self._limit:
+            job = await self.pool.enqueue_job(
+                DELIVER_FUNCTION,
+                due.id,
+                _job_id=deliver_job_id(due),
+                _queue_name=QUEUE_NAME,
+                _defer_until=due.at,
+            )
+        return job is not None

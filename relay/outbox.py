@@ -1,0 +1,386 @@
+"""The outbox in SQL: creating deliveries, claiming them, recording attempts, replaying.
+
+Every state change of a delivery is one transaction. A delivery is attempted only by the worker
+holding its lease (an atomic conditional UPDATE), so two workers never attempt it at once; a lease
+that outlives a killed worker simply expires and the sweeper hands the delivery out again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from receivers.ids import new_id
+from receivers.store.tables import ReceivedEvent
+from relay.router import Router
+from relay.tables import (
+    DEAD,
+    HELD,
+    PENDING,
+    SUCCEEDED,
+    Delivery,
+    DeliveryAttempt,
+    DestinationState,
+    RoutedEvent,
+)
+
+EVENTS = ReceivedEvent.__table__
+ROUTED = RoutedEvent.__table__
+DELIVERIES = Delivery.__table__
+ATTEMPTS = DeliveryAttempt.__table__
+STATES = DestinationState.__table__
+
+KEEP_FIRST_ATTEMPTS = 3
+KEEP_LAST_ATTEMPTS = 20
+CLOCK_SKEW = timedelta(seconds=1)
+INSERT_CHUNK = 500
+
+
+HealthChange = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+"""A pure change of a destination's health row (consecutive_failures, paused_until, disabled)."""
+
+
+@dataclass(frozen=True)
+class EventRef:
+    """What routing needs of an event."""
+
+    id: str
+    source: str
+    kind: str
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Due:
+    """A delivery that needs a job: its id, its attempt count (part of the job id), and when."""
+
+    id: str
+    attempts: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A leased delivery with everything needed to attempt it."""
+
+    delivery: Row[Any]
+    event: Row[Any]
+    health: Row[Any] | None
+    token: str
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one attempt did."""
+
+    started_at: datetime
+    duration_ms: float
+    status_code: int | None
+    error: str | None
+    response_excerpt: str | None
+
+
+def _insert(conn: AsyncConnection, table: Any) -> Any:
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+
+
+async def route_events(
+    engine: AsyncEngine, router: Router, events: Sequence[EventRef], now: datetime
+) -> list[Due]:
+    """Create one delivery per matching destination and mark the events routed, atomically.
+    Idempotent: an event routed twice (hook and sweeper racing) gets its deliveries once."""
+    rows: list[dict[str, Any]] = []
+    markers: list[dict[str, Any]] = []
+    for event in events:
+        routes = router.routes(event.kind, event.source, event.payload)
+        markers.append({"event_id": event.id, "routed_at": now, "deliveries": len(routes)})
+        rows.extend(
+            {
+                "id": new_id(now),
+                "event_id": event.id,
+                "destination": route.destination,
+                "policy": route.policy,
+                "status": PENDING,
+                "attempts": 0,
+                "schedule_base": 0,
+                "created_at": now,
+                "next_attempt_at": now,
+            }
+            for route in routes
+        )
+    created: set[str] = set()
+    async with engine.begin() as conn:
+        for start in range(0, len(rows), INSERT_CHUNK):
+            statement = (
+                _insert(conn, DELIVERIES)
+                .values(rows[start : start + INSERT_CHUNK])
+                .on_conflict_do_nothing(index_elements=["event_id", "destination"])
+                .returning(DELIVERIES.c.id)
+            )
+            created.update((await conn.execute(statement)).scalars())
+        for start in range(0, len(markers), INSERT_CHUNK):
+            await conn.execute(
+                _insert(conn, ROUTED)
+                .values(markers[start : start + INSERT_CHUNK])
+                .on_conflict_do_nothing(index_elements=["event_id"])
+            )
+    return [Due(row["id"], 0, now) for row in rows if row["id"] in created]
+
+
+async def unrouted_events(engine: AsyncEngine, before: datetime, limit: int) -> list[EventRef]:
+    """Events committed before ``before`` that were never routed (their hook did not run)."""
+    query = (
+        select(EVENTS.c.id, EVENTS.c.source, EVENTS.c.kind, EVENTS.c.payload)
+        .select_from(EVENTS.outerjoin(ROUTED, ROUTED.c.event_id == EVENTS.c.id))
+        .where(ROUTED.c.event_id.is_(None), EVENTS.c.received_at < before)
+        .order_by(EVENTS.c.received_at)
+        .limit(limit)
+    )
+    async with engine.connect() as conn:
+        return [EventRef(r.id, r.source, r.kind, r.payload) for r in await conn.execute(query)]
+
+
+async def due_deliveries(
+    engine: AsyncEngine, now: datetime, limit: int, after: Due | None = None
+) -> list[Due]:
+    """Pending deliveries that are due and not leased (a job may or may not exist for them),
+    oldest first; pass the last one of a page as ``after`` for the next page."""
+    query = select(DELIVERIES.c.id, DELIVERIES.c.attempts, DELIVERIES.c.next_attempt_at).where(
+        DELIVERIES.c.status == PENDING,
+        DELIVERIES.c.next_attempt_at <= now,
+        or_(DELIVERIES.c.leased_until.is_(None), DELIVERIES.c.leased_until < now),
+    )
+    if after is not None:
+        query = query.where(
+            or_(
+                DELIVERIES.c.next_attempt_at > after.at,
+                and_(DELIVERIES.c.next_attempt_at == after.at, DELIVERIES.c.id > after.id),
+            )
+        )
+    query = query.order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id).limit(limit)
+    async with engine.connect() as conn:
+        return [Due(r.id, r.attempts, r.next_attempt_at) for r in await conn.execute(query)]
+
+
+async def claim(
+    engine: AsyncEngine, delivery_id: str, now: datetime, lease: timedelta
+) -> Claim | None:
+    """Lease a due delivery for one attempt; ``None`` when it is not due, done or leased."""
+    token = str(uuid.uuid4())
+    statement = (
+        update(DELIVERIES)
+        .where(
+            DELIVERIES.c.id == delivery_id,
+            DELIVERIES.c.status == PENDING,
+            DELIVERIES.c.next_attempt_at <= now + CLOCK_SKEW,
+            or_(DELIVERIES.c.leased_until.is_(None), DELIVERIES.c.leased_until < now),
+        )
+        .values(leased_until=now + lease, lease_token=token)
+        .returning(*DELIVERIES.c)
+    )
+    async with engine.begin() as conn:
+        delivery = (await conn.execute(statement)).first()
+        if delivery is None:
+            return None
+        event = (await conn.execute(select(EVENTS).where(EVENTS.c.id == delivery.event_id))).one()
+        health = (
+            await conn.execute(select(STATES).where(STATES.c.name == delivery.destination))
+        ).first()
+    return Claim(delivery, event, health, token)
+
+
+async def release(
+    engine: AsyncEngine,
+    claimed: Claim,
+    *,
+    status: str,
+    next_attempt_at: datetime | None,
+    error: str | None = None,
+) -> bool:
+    """Give the lease back without an attempt: wait (paused destination) or hold (disabled)."""
+    values: dict[str, Any] = {
+        "status": status,
+        "next_attempt_at": next_attempt_at,
+        "leased_until": None,
+        "lease_token": None,
+    }
+    if error is not None:
+        values["last_error"] = error[:1000]
+    async with engine.begin() as conn:
+        result = await conn.execute(_owned(claimed).values(**values))
+    return result.rowcount == 1
+
+
+async def record_attempt(
+    engine: AsyncEngine,
+    claimed: Claim,
+    result: AttemptResult,
+    *,
+    status: str,
+    next_attempt_at: datetime | None,
+    health_change: HealthChange | None = None,
+) -> bool:
+    """Store an attempt, the delivery's new state and (when given) the destination's health
+    change, in one transaction. ``False`` when the lease was lost meanwhile (nothing written)."""
+    delivery = claimed.delivery
+    number = delivery.attempts + 1
+    finished = result.started_at + timedelta(milliseconds=result.duration_ms)
+    async with engine.begin() as conn:
+        updated = await conn.execute(
+            _owned(claimed).values(
+                status=status,
+                attempts=number,
+                first_attempt_at=delivery.first_attempt_at or result.started_at,
+                last_attempt_at=result.started_at,
+                next_attempt_at=next_attempt_at,
+                finished_at=finished if status in (SUCCEEDED, DEAD) else None,
+                last_status_code=result.status_code,
+                last_error=(result.error or None) and result.error[:1000],
+                leased_until=None,
+                lease_token=None,
+            )
+        )
+        if updated.rowcount != 1:
+            await conn.rollback()
+            return False
+        await conn.execute(
+            insert(ATTEMPTS).values(
+                delivery_id=delivery.id,
+                number=number,
+                started_at=result.started_at,
+                duration_ms=result.duration_ms,
+                status_code=result.status_code,
+                error=result.error and result.error[:1000],
+                response_excerpt=result.response_excerpt and result.response_excerpt[:1024],
+            )
+        )
+        if number > KEEP_FIRST_ATTEMPTS + KEEP_LAST_ATTEMPTS:
+            await conn.execute(
+                delete(ATTEMPTS).where(
+                    ATTEMPTS.c.delivery_id == delivery.id,
+                    ATTEMPTS.c.number > KEEP_FIRST_ATTEMPTS,
+                    ATTEMPTS.c.number <= number - KEEP_LAST_ATTEMPTS,
+                )
+            )
+        if health_change is not None:
+            current = await _health_for_update(conn, delivery.destination)
+            await _save_health(conn, delivery.destination, health_change(current), finished)
+    return True
+
+
+async def update_health(
+    engine: AsyncEngine, name: str, change: HealthChange, now: datetime
+) -> Mapping[str, Any]:
+    """Apply ``change(current) -> new`` to a destination's health atomically (row lock on
+    PostgreSQL; SQLite has a single writer) and return the new health."""
+    async with engine.begin() as conn:
+        current = await _health_for_update(conn, name)
+        new = change(current)
+        await _save_health(conn, name, new, now)
+    return new
+
+
+async def _health_for_update(conn: AsyncConnection, name: str) -> dict[str, Any]:
+    await conn.execute(
+        _insert(conn, STATES)
+        .values(name=name, consecutive_failures=0, disabled=False)
+        .on_conflict_do_nothing(index_elements=["name"])
+    )
+    row = (await conn.execute(select(STATES).where(STATES.c.name == name).with_for_update())).one()
+    return dict(row._mapping)
+
+
+async def _save_health(
+    conn: AsyncConnection, name: str, health: Mapping[str, Any], now: datetime
+) -> None:
+    values = {
+        "consecutive_failures": health["consecutive_failures"],
+        "paused_until": health["paused_until"],
+        "disabled": health["disabled"],
+        "disabled_reason": health.get("disabled_reason"),
+        "updated_at": now,
+    }
+    statement = _insert(conn, STATES).values(name=name, **values)
+    await conn.execute(statement.on_conflict_do_update(index_elements=["name"], set_=values))
+
+
+def _owned(claimed: Claim) -> Any:
+    return update(DELIVERIES).where(
+        DELIVERIES.c.id == claimed.delivery.id, DELIVERIES.c.lease_token == claimed.token
+    )
+
+
+async def replay(
+    engine: AsyncEngine,
+    now: datetime,
+    *,
+    delivery_ids: Sequence[str] = (),
+    status: str | None = None,
+    destination: str | None = None,
+    since: datetime | None = None,
+) -> list[Due]:
+    """Put deliveries back on a fresh schedule, due now; returns them for enqueueing."""
+    conditions = []
+    if delivery_ids:
+        conditions.append(DELIVERIES.c.id.in_(list(delivery_ids)))
+    if status is not None:
+        conditions.append(DELIVERIES.c.status == status)
+    if destination is not None:
+        conditions.append(DELIVERIES.c.destination == destination)
+    if since is not None:
+        conditions.append(DELIVERIES.c.created_at >= since)
+    if not conditions:
+        raise ValueError("replay needs delivery ids or a filter")
+    statement = (
+        update(DELIVERIES)
+        .where(and_(*conditions))
+        .values(
+            status=PENDING,
+            schedule_base=DELIVERIES.c.attempts,
+            first_attempt_at=None,
+            next_attempt_at=now,
+            finished_at=None,
+            leased_until=None,
+            lease_token=None,
+        )
+        .returning(DELIVERIES.c.id, DELIVERIES.c.attempts)
+    )
+    async with engine.begin() as conn:
+        return [Due(r.id, r.attempts, now) for r in await conn.execute(statement)]
+
+
+async def enable_destination(engine: AsyncEngine, name: str, now: datetime) -> list[Due]:
+    """Clear a destination's 410 switch and breaker, and release its held deliveries."""
+
+    def healthy(_: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {
+            "consecutive_failures": 0,
+            "paused_until": None,
+            "disabled": False,
+            "disabled_reason": None,
+        }
+
+    await update_health(engine, name, healthy, now)
+    statement = (
+        update(DELIVERIES)
+        .where(DELIVERIES.c.destination == name, DELIVERIES.c.status == HELD)
+        .values(status=PENDING, next_attempt_at=now, leased_until=None, lease_token=None)
+        .returning(DELIVERIES.c.id, DELIVERIES.c.attempts)
+    )
+    async with engine.begin() as conn:
+        return [Due(r.id, r.attempts, now) for r in await conn.execute(statement)]
+
+
+async def delivery_counts(engine: AsyncEngine) -> dict[str, int]:
+    """How many deliveries are in each status."""
+    query = select(DELIVERIES.c.status, func.count()).group_by(DELIVERIES.c.status)
+    async with engine.connect() as conn:
+        return {status: count for status, count in await conn.execute(query)}

@@ -1,0 +1,85 @@
+"""The relay's moving parts built from settings: router, destinations, deliverer, queue."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import httpx
+from arq.connections import ArqRedis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers import StoredEvent
+from relay import outbox
+from relay.delivery import Deliverer, Target
+from relay.destinations import build_destination, new_http_client
+from relay.jobs import JobQueue
+from relay.outbox import EventRef
+from relay.router import Router
+from relay.settings import Settings
+from relay.sweeper import Sweeper
+
+log = logging.getLogger(__name__)
+
+
+class RoutingHook:
+    """The receivers' after-commit hook: create the deliveries and enqueue their first jobs.
+
+    If it fails (or the process dies first), the events stay unrouted in SQL and the sweeper
+    routes them: the hook is the fast path, never the only one."""
+
+    def __init__(self, engine: AsyncEngine, router: Router, clock: Callable[[], datetime]) -> None:
+        self._engine = engine
+        self._router = router
+        self._clock = clock
+        self.queue: JobQueue | None = None
+        """Attached once the queue is connected (in the app's lifespan)."""
+
+    async def __call__(self, events: Sequence[StoredEvent]) -> None:
+        refs = [EventRef(e.id, e.source, e.kind, e.payload) for e in events]
+        due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        if self.queue is not None:
+            await self.queue.enqueue(due)
+
+
+@dataclass
+class WorkerServices:
+    """What a relay worker needs; close it when done."""
+
+    deliverer: Deliverer
+    queue: JobQueue
+    sweeper: Sweeper
+    http_client: httpx.AsyncClient
+    targets: dict[str, Target]
+
+    async def aclose(self) -> None:
+        """Close every destination's connections."""
+        for target in self.targets.values():
+            await target.destination.aclose()
+        await self.http_client.aclose()
+
+
+def router_for(settings: Settings) -> Router:
+    """Fan-out over the configured destinations."""
+    return Router(settings.destinations)
+
+
+def worker_services(
+    settings: Settings, engine: AsyncEngine, pool: ArqRedis, clock: Callable[[], datetime]
+) -> WorkerServices:
+    """Build the destinations and the deliverer of one worker."""
+    http_client = new_http_client(
+        limits=httpx.Limits(max_connections=200, max_keepalive_connections=100)
+    )
+    targets = {
+        name: Target(build_destination(name, config, http_client=http_client), config.timeout)
+        for name, config in settings.destinations.items()
+    }
+    queue = JobQueue(pool)
+    deliverer = Deliverer(engine, targets, settings.resolved_policies(), clock=clock)
+    sweeper = Sweeper(
+        engine, router_for(settings), queue, clock=clock, interval=settings.sweep_interval
+    )
+    return WorkerServices(deliverer, queue, sweeper, http_client, targets)

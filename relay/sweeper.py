@@ -1,0 +1,85 @@
+"""The sweeper: reconciles the SQL store (the truth) with the queue (a fast dispatcher).
+
+It routes events whose after-commit hook never ran (a killed process) and re-enqueues due
+deliveries whose job is gone (Redis flushed, worker killed). Both steps are idempotent, so
+several sweepers (one per worker) may run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from relay import outbox
+from relay.jobs import JobQueue
+from relay.router import Router
+
+log = logging.getLogger(__name__)
+
+ROUTE_GRACE = timedelta(seconds=2)
+BATCH = 1000
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one sweep did."""
+
+    routed_events: int
+    enqueued_jobs: int
+
+
+class Sweeper:
+    """Runs :meth:`sweep` at start-up and then every ``interval``."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        router: Router,
+        queue: JobQueue,
+        *,
+        clock: Callable[[], datetime],
+        interval: timedelta,
+    ) -> None:
+        self._engine = engine
+        self._router = router
+        self._queue = queue
+        self._clock = clock
+        self._interval = interval
+
+    async def sweep(self) -> SweepReport:
+        """One full pass: route what was not routed, then enqueue what is due."""
+        routed = enqueued = 0
+        while True:
+            now = self._clock()
+            events = await outbox.unrouted_events(self._engine, now - ROUTE_GRACE, BATCH)
+            if not events:
+                break
+            due = await outbox.route_events(self._engine, self._router, events, now)
+            enqueued += await self._queue.enqueue(due)
+            routed += len(events)
+        now, last = self._clock(), None
+        while True:
+            due = await outbox.due_deliveries(self._engine, now, BATCH, after=last)
+            enqueued += await self._queue.enqueue(due)
+            if len(due) < BATCH:
+                break
+            last = due[-1]
+        if routed or enqueued:
+            log.info("sweeper routed %d events and enqueued %d jobs", routed, enqueued)
+        return SweepReport(routed, enqueued)
+
+    async def run(self) -> None:
+        """Sweep forever (cancel to stop); a failing sweep is logged and retried next time."""
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("sweep failed; retrying in %s", self._interval)
+            await asyncio.sleep(self._interval.total_seconds())

@@ -1,0 +1,92 @@
+"""The relay worker: arq functions, start-up/shutdown, and the embedded (fakeredis) variant.
+
+`relay worker` runs :func:`build_worker` on a real Redis. `relay serve` without ``redis_url``
+runs the very same worker inside its own event loop on fakeredis (:class:`EmbeddedWorker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from arq import func
+from arq.connections import ArqRedis
+from arq.worker import Worker
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME
+from relay.services import WorkerServices, worker_services
+from relay.settings import Settings
+
+log = logging.getLogger(__name__)
+
+JOB_TIMEOUT_SECONDS = 300
+SERVICES = "relay"
+
+
+async def deliver(ctx: dict[str, Any], delivery_id: str) -> None:
+    """arq job: one attempt of one delivery, then its next job if it needs one."""
+    services: WorkerServices = ctx[SERVICES]
+    next_due = await services.deliverer.attempt(delivery_id)
+    if next_due is not None:
+        await services.queue.enqueue([next_due])
+
+
+def build_worker(
+    settings: Settings,
+    engine: AsyncEngine,
+    pool: ArqRedis,
+    *,
+    clock: Callable[[], datetime],
+    worker_class: type[Worker] = Worker,
+    handle_signals: bool = True,
+) -> Worker:
+    """An arq worker for the relay queue; its sweeper runs from start-up to shutdown."""
+    sweeper_task: asyncio.Task[None] | None = None
+
+    async def startup(ctx: dict[str, Any]) -> None:
+        nonlocal sweeper_task
+        services = worker_services(settings, engine, pool, clock)
+        ctx[SERVICES] = services
+        sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
+
+    async def shutdown(ctx: dict[str, Any]) -> None:
+        if sweeper_task is not None:
+            sweeper_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper_task
+        services: WorkerServices | None = ctx.get(SERVICES)
+        if services is not None:
+            await services.aclose()
+
+    return worker_class(
+        functions=[func(deliver, name=DELIVER_FUNCTION, keep_result=0, max_tries=3)],
+        queue_name=QUEUE_NAME,
+        redis_pool=pool,
+        on_startup=startup,
+        on_shutdown=shutdown,
+        handle_signals=handle_signals,
+        max_jobs=settings.worker_concurrency,
+        job_timeout=JOB_TIMEOUT_SECONDS,
+        keep_result=0,
+        poll_delay=0.05,
+        log_results=False,
+    )
+
+
+class EmbeddedWorker(Worker):
+    """The same worker on fakeredis, which has no INFO command: arq's ``log_redis_info`` at
+    start-up is replaced by a plain log line, the rest of arq's loop is unchanged."""
+
+    async def main(self) -> None:
+        log.info("embedded relay worker started (fakeredis, in-process)")
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        while True:
+            await self._poll_iteration()
+            await asyncio.sleep(self.poll_delay_s)
