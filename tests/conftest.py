@@ -13,19 +13,28 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import ReceiverConfig, SourceConfig, create_app
 from receivers.store.engine import create_engine
 from relay import migrate
+from tests.support import Sink, serving
 
+REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TOKEN = "t0ken-for-tests"
 TABLES = (
-    "delivery_attempts", "deliveries", "routed_events", "destination_states",
-    "received_events", "rejected_bodies", "relay_instance_settings",
+    "delivery_attempts",
+    "deliveries",
+    "routed_events",
+    "destination_states",
+    "received_events",
+    "rejected_bodies",
+    "relay_instance_settings",
 )
 
 
@@ -132,3 +141,25 @@ async def client(make_client: ClientFactory) -> AsyncIterator[httpx.AsyncClient]
     """A receiver with the default source protected by ``?token=TOKEN``."""
     async with make_client() as client:
         yield client
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[Sink]:
+    """A real HTTP sink on 127.0.0.1 that records requests and answers as told."""
+    async with serving(Sink()) as running:
+        yield running
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[Redis]:
+    """The machine's Redis (database 14 by default), flushed before and after the test."""
+    client = Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        await client.ping()
+    except (RedisError, OSError) as exc:
+        await client.aclose()
+        service_missing("Redis", exc)
+    await client.flushdb()
+    yield client
+    await client.flushdb()
+    await client.aclose()

@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
 import json
-import os
-import socket
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from email.utils import format_datetime
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from pydantic import ValidationError
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from receivers.store.tables import ReceivedEvent
 from relay.destinations import (
@@ -48,9 +38,9 @@ from relay.destinations import (
     parse_retry_after,
     render,
 )
-from tests.conftest import service_missing
+from tests.conftest import REDIS_URL
+from tests.support import Answer, Sink, free_port
 
-REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 RECEIVED_AT = datetime(2024, 5, 1, 12, 30, 15, 250000, tzinfo=UTC)
 PAYLOAD = {"messageId": "m-1", "event": "MessageStatus::delivered", "channel": "WhatsApp"}
 
@@ -69,77 +59,6 @@ def outbound(**changes: Any) -> Outbound:
     }
     values.update(changes)
     return Outbound(**values)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-# --- the HTTP sink ------------------------------------------------------------------------------
-
-
-@dataclass
-class Answer:
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b"thanks"
-    delay: float = 0.0
-
-
-@dataclass
-class Recorded:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class Sink:
-    """Records requests; answers per path as configured (200 "thanks" by default)."""
-
-    def __init__(self) -> None:
-        self.requests: list[Recorded] = []
-        self.answers: dict[str, Answer] = {}
-        self.base_url = ""
-        self.app = Starlette(
-            routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "PUT"])]
-        )
-
-    def url(self, path: str = "/hook") -> str:
-        return self.base_url + path
-
-    async def _endpoint(self, request: Request) -> Response:
-        body = await request.body()
-        self.requests.append(
-            Recorded(request.method, request.url.path, dict(request.headers), body)
-        )
-        answer = self.answers.get(request.url.path, Answer())
-        if answer.delay:
-            await asyncio.sleep(answer.delay)
-        return Response(answer.body, status_code=answer.status, headers=answer.headers)
-
-
-@pytest.fixture
-async def sink() -> AsyncIterator[Sink]:
-    sink = Sink()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sink.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    config = uvicorn.Config(
-        sink.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    yield sink
-    server.should_exit = True
-    await task
-    sock.close()
 
 
 def http_destination(sink: Sink, path: str = "/hook", **options: Any) -> HttpDestination:
@@ -392,7 +311,7 @@ async def test_timeout(sink: Sink) -> None:
 
 
 async def test_connection_refused() -> None:
-    config = HttpDestinationConfig(type="http", url=f"http://127.0.0.1:{closed_port()}/hook")
+    config = HttpDestinationConfig(type="http", url=f"http://127.0.0.1:{free_port()}/hook")
     destination = HttpDestination("nowhere", config)
     try:
         outcome = await destination.deliver(outbound(), timeout=5)
@@ -426,20 +345,6 @@ def _http(sink: Sink) -> dict[str, Any]:
 
 
 # --- Redis --------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        await client.ping()
-    except (RedisError, OSError) as exc:
-        await client.aclose()
-        service_missing("Redis", exc)
-    await client.flushdb()
-    yield client
-    await client.flushdb()
-    await client.aclose()
 
 
 async def test_redis_stream_xadd_fields(redis: Redis) -> None:
@@ -497,7 +402,7 @@ async def test_redis_stream_is_trimmed_approximately(redis: Redis) -> None:
 
 
 async def test_redis_stream_connection_refused() -> None:
-    url = f"redis://127.0.0.1:{closed_port()}/14"
+    url = f"redis://127.0.0.1:{free_port()}/14"
     config = RedisStreamDestinationConfig(type="redis-stream", url=url, stream="events")
     destination = RedisStreamDestination("stream", config)
     try:
@@ -552,7 +457,7 @@ async def test_arq_job_id_prefix(arq_pool: ArqRedis) -> None:
 
 
 async def test_arq_connection_refused() -> None:
-    url = f"redis://127.0.0.1:{closed_port()}/14"
+    url = f"redis://127.0.0.1:{free_port()}/14"
     destination = ArqDestination("jobs", ArqDestinationConfig(type="arq", url=url, function="f"))
     try:
         outcome = await destination.deliver(outbound(), timeout=5)

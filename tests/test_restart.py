@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from receivers.store import queries
 from receivers.store.engine import create_engine
 from relay.simulator import factories
 from tests.conftest import TOKEN, running_client
+from tests.support import free_port
 
 
 async def test_restart_keeps_every_event_and_the_dedup_memory(
@@ -44,12 +44,6 @@ async def test_restart_keeps_every_event_and_the_dedup_memory(
     assert again == first_ids
     assert {e.id for e in events} == set(first_ids)
     assert all(e.duplicates == 1 for e in events)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:

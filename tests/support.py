@@ -1,0 +1,96 @@
+"""Test support: a real HTTP sink served by uvicorn, and free ports on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (right now)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Answer:
+    """How the sink answers a path."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b"thanks"
+    delay: float = 0.0
+
+
+@dataclass
+class Recorded:
+    """One request the sink received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class Sink:
+    """Records requests; answers per path as configured (200 "thanks" by default).
+    ``script`` lists answers to give, in order, before falling back to ``answers``."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self.answers: dict[str, Answer] = {}
+        self.script: dict[str, list[Answer]] = {}
+        self.base_url = ""
+        self.app = Starlette(
+            routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "PUT"])]
+        )
+
+    def url(self, path: str = "/hook") -> str:
+        return self.base_url + path
+
+    def bodies(self, path: str = "/hook") -> list[bytes]:
+        return [r.body for r in self.requests if r.path == path]
+
+    async def _endpoint(self, request: Request) -> Response:
+        body = await request.body()
+        self.requests.append(
+            Recorded(request.method, request.url.path, dict(request.headers), body)
+        )
+        scripted = self.script.get(request.url.path)
+        answer = scripted.pop(0) if scripted else self.answers.get(request.url.path, Answer())
+        if answer.delay:
+            await asyncio.sleep(answer.delay)
+        return Response(answer.body, status_code=answer.status, headers=answer.headers)
+
+
+@asynccontextmanager
+async def serving(sink: Sink) -> AsyncIterator[Sink]:
+    """Serve the sink with uvicorn on a free port of 127.0.0.1 in this event loop."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sink.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = uvicorn.Config(
+        sink.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield sink
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
