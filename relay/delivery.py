@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,7 +24,6 @@ from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
 
 log = logging.getLogger(__name__)
 
-LEASE_MARGIN = timedelta(seconds=30)
 FALLBACK_POLICY = "standard"
 
 
@@ -36,8 +35,14 @@ class Target:
     timeout: timedelta
 
 
+def attempt_lease(timeouts: Iterable[timedelta], margin: timedelta) -> timedelta:
+    """How long a claimed delivery stays leased: the longest timeout plus a margin."""
+    return max(timeouts, default=timedelta(0)) + margin
+
+
 class Deliverer:
-    """Attempts deliveries; shared by every job of one worker."""
+    """Attempts deliveries; shared by every job of one worker. ``lease`` must outlast any
+    attempt (the longest destination timeout plus a margin): see :func:`attempt_lease`."""
 
     def __init__(
         self,
@@ -46,6 +51,7 @@ class Deliverer:
         policies: Mapping[str, Policy],
         *,
         clock: Callable[[], datetime],
+        lease: timedelta,
         rng: random.Random | None = None,
     ) -> None:
         self._engine = engine
@@ -53,8 +59,7 @@ class Deliverer:
         self._policies = policies
         self._clock = clock
         self._rng = rng or random.Random()
-        longest = max((t.timeout for t in targets.values()), default=timedelta(0))
-        self._lease = longest + LEASE_MARGIN  # no attempt outlives its lease
+        self._lease = lease
 
     async def attempt(self, delivery_id: str) -> Due | None:
         """Attempt the delivery if it is due and free; returns its next job, if it needs one."""

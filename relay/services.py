@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import httpx
 from arq.connections import ArqRedis
@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
 from relay import outbox
-from relay.delivery import Deliverer, Target
+from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import build_destination, new_http_client
 from relay.jobs import JobQueue
 from relay.outbox import EventRef
@@ -66,6 +66,12 @@ def router_for(settings: Settings) -> Router:
     return Router(settings.destinations)
 
 
+def lease_for(settings: Settings) -> timedelta:
+    """The attempt lease (also the arq job timeout): the longest destination timeout + margin."""
+    return attempt_lease((d.timeout for d in settings.destinations.values()),
+                         settings.lease_margin)
+
+
 def worker_services(
     settings: Settings, engine: AsyncEngine, pool: ArqRedis, clock: Callable[[], datetime]
 ) -> WorkerServices:
@@ -78,7 +84,9 @@ def worker_services(
         for name, config in settings.destinations.items()
     }
     queue = JobQueue(pool)
-    deliverer = Deliverer(engine, targets, settings.resolved_policies(), clock=clock)
+    deliverer = Deliverer(
+        engine, targets, settings.resolved_policies(), clock=clock, lease=lease_for(settings)
+    )
     sweeper = Sweeper(
         engine, router_for(settings), queue, clock=clock, interval=settings.sweep_interval
     )

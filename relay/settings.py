@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     policies: PolicyConfigs = Field(default_factory=dict)
     sweep_interval: Duration = timedelta(seconds=5)
     worker_concurrency: int = Field(default=50, ge=1, le=1000)
+    lease_margin: Duration = timedelta(seconds=10)
+    """Added to the longest destination timeout: how long a claimed delivery stays leased."""
 
     @field_validator("redis_url")
     @classmethod

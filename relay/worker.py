@@ -19,12 +19,11 @@ from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME
-from relay.services import WorkerServices, worker_services
+from relay.services import WorkerServices, lease_for, worker_services
 from relay.settings import Settings
 
 log = logging.getLogger(__name__)
 
-JOB_TIMEOUT_SECONDS = 300
 SERVICES = "relay"
 
 
@@ -71,7 +70,7 @@ def build_worker(
         on_shutdown=shutdown,
         handle_signals=handle_signals,
         max_jobs=settings.worker_concurrency,
-        job_timeout=JOB_TIMEOUT_SECONDS,
+        job_timeout=lease_for(settings),  # arq re-runs a killed worker's job 10 s after this
         keep_result=0,
         poll_delay=0.05,
         log_results=False,

@@ -71,7 +71,9 @@ class Relay:
             for name, cfg in self.configs.items()
         }
         configs = TypeAdapter(PolicyConfigs).validate_python(policies or {})
-        self.deliverer = Deliverer(engine, targets, resolve_policies(configs), clock=clock)
+        self.deliverer = Deliverer(
+            engine, targets, resolve_policies(configs), clock=clock, lease=timedelta(minutes=1)
+        )
 
     async def route_all(self) -> list[outbox.Due]:
         events = await outbox.unrouted_events(self.engine, self.clock() + timedelta(days=1), 1000)
