@@ -22,7 +22,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from email.utils import parsedate_to_datetime
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
@@ -354,23 +353,7 @@ def resolve_policies(configs: Mapping[str, PolicyConfig]) -> Mapping[str, Policy
     return MappingProxyType(policies)
 
 
-# --- Retry-After and walking a schedule ----------------------------------------------------------
-
-
-def parse_retry_after(value: str | None, now: datetime) -> timedelta | None:
-    """A Retry-After header (seconds or an HTTP date) as a delay from ``now``; None if unusable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return timedelta(seconds=int(value))
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if (when.tzinfo is None) != (now.tzinfo is None):
-        when = when.replace(tzinfo=now.tzinfo)
-    return max(when - now, timedelta(0))
+# --- Retry-After (parsed by relay.destinations.retry_after) and walking a schedule ----------------------------------------------------------
 
 
 def retry_after_bounded(

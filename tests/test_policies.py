@@ -22,7 +22,6 @@ from relay.policies import (
     PolicyConfig,
     PolicyConfigs,
     attempt_times,
-    parse_retry_after,
     resolve_policies,
     retry_after_bounded,
 )
@@ -301,18 +300,6 @@ def test_retry_after_is_honoured_within_bounds() -> None:
     assert retry_after_bounded(next_time, now, 5 * H, max_retry_after=10 * M) == now + 10 * M
     later = START + 2 * H  # the policy's own time wins when it is later than the bound
     assert retry_after_bounded(later, now, 5 * H) == later
-
-
-def test_retry_after_header_in_seconds_or_as_a_date() -> None:
-    with freeze_time(START):
-        now = datetime.now(UTC)
-        assert parse_retry_after("120", now) == 120 * S
-        assert parse_retry_after(" 0 ", now) == timedelta(0)
-        assert parse_retry_after("Fri, 01 Mar 2024 12:05:00 GMT", now) == 5 * M
-        assert parse_retry_after("Fri, 01 Mar 2024 11:00:00 GMT", now) == timedelta(0)
-        assert parse_retry_after("soon", now) is None
-        assert parse_retry_after("-5", now) is None
-        assert parse_retry_after(None, now) is None
 
 
 # --- properties -----------------------------------------------------------------------------------
