@@ -353,7 +353,7 @@ def resolve_policies(configs: Mapping[str, PolicyConfig]) -> Mapping[str, Policy
     return MappingProxyType(policies)
 
 
-# --- Retry-After (parsed by relay.destinations.retry_after) and walking a schedule ----------------------------------------------------------
+# --- Retry-After bounds (the header is parsed in relay.destinations) and walking a schedule ---
 
 
 def retry_after_bounded(
