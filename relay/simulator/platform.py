@@ -1,0 +1,198 @@
+"""The platform as a sender: one callback, its retries on the documented schedule, its idea of
+success, its breaker, and the duplicates it may produce. The schedules are the relay's own
+policy code (:mod:`relay.policies`, :mod:`relay.breaker`), not a copy."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import httpx
+
+from receivers.kinds import KINDS_BY_NAME
+from relay.breaker import DestinationHealth, after_failure, after_success, hold_until
+from relay.destinations.errors import describe_error
+from relay.policies import BUILTIN_POLICIES, Policy
+from relay.simulator.clocks import Clock
+from relay.simulator.scenarios import Callback
+from relay.simulator.wire import Credentials, Endpoint, Prepared, attempt_headers, prepare
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One request the platform made."""
+
+    event: str
+    kind: str
+    label: str
+    number: int
+    scheduled_at: datetime
+    sent_at: datetime
+    status_code: int | None
+    error: str | None
+    latency_ms: float
+    duplicate: bool = False
+
+
+@dataclass
+class CallbackResult:
+    """Everything that happened to one callback."""
+
+    callback: Callback
+    attempts: list[Attempt] = field(default_factory=list)
+    given_up: bool = False
+
+    @property
+    def answers(self) -> list[int | None]:
+        """The status code of every attempt (None: no answer)."""
+        return [a.status_code for a in self.attempts]
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the platform considered it delivered."""
+        return not self.given_up
+
+
+class Platform:
+    """Sends callbacks to one receiver like the platform does."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        endpoint: Endpoint,
+        *,
+        clock: Clock,
+        credentials: Credentials | None = None,
+        method: str = "POST",
+        retry: bool = True,
+        duplicate_rate: float = 0.0,
+        policies: Mapping[str, Policy] = BUILTIN_POLICIES,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 0 <= duplicate_rate <= 1:
+            raise ValueError("duplicate_rate is a probability between 0 and 1")
+        self.client = client
+        self.endpoint = endpoint
+        self.clock = clock
+        self.credentials = credentials or Credentials()
+        self.method = method
+        self.retry = retry
+        self.duplicate_rate = duplicate_rate
+        self.policies = policies
+        self.rng = rng or random.Random()
+        self.health = DestinationHealth()
+        """The platform's breaker state for this receiver (shared by every callback)."""
+
+    def policy_for(self, callback: Callback) -> Policy:
+        """The platform's retry policy for a callback (by kind, and channel for inbound)."""
+        return self.policies[KINDS_BY_NAME[callback.kind].policy_for(callback.body)]
+
+    async def deliver(self, callback: Callback) -> CallbackResult:
+        """Send until the receiver accepts it or the policy gives up."""
+        method = self.method if callback.kind in ("sms.inbound", "sms.dlr") else "POST"
+        prepared = prepare(callback, self.endpoint, method)
+        policy = self.policy_for(callback)
+        result = CallbackResult(callback)
+        scheduled = self.clock.now()
+        first: datetime | None = None
+        while True:
+            await self.clock.sleep_until(scheduled)
+            held = hold_until(self.health, self.clock.now())
+            deadline = policy.deadline(first) if first else None
+            if held is not None:
+                if deadline is not None and held > deadline:
+                    result.given_up = True
+                    return result
+                scheduled = held  # the breaker: waiting, not failing
+                continue
+            attempt = await self._send(
+                prepared, callback, policy, len(result.attempts) + 1, scheduled
+            )
+            result.attempts.append(attempt)
+            first = first or attempt.sent_at
+            if _accepted(attempt, policy):
+                self.health = after_success(self.health)
+                break
+            now = self.clock.now()
+            self.health = after_failure(self.health, policy, now)
+            next_at = policy.next_attempt(len(result.attempts), first, now) if self.retry else None
+            if next_at is None:
+                result.given_up = True
+                return result
+            scheduled = next_at
+        if self.duplicate_rate and self.rng.random() < self.duplicate_rate:
+            duplicate = await self._send(
+                prepared,
+                callback,
+                policy,
+                len(result.attempts) + 1,
+                self.clock.now(),
+                duplicate=True,
+            )
+            result.attempts.append(duplicate)
+        return result
+
+    async def _send(
+        self,
+        prepared: Prepared,
+        callback: Callback,
+        policy: Policy,
+        number: int,
+        scheduled: datetime,
+        *,
+        duplicate: bool = False,
+    ) -> Attempt:
+        budget = policy.answer_budget.total_seconds() if policy.answer_budget else None
+        sent = self.clock.now()
+        headers = attempt_headers(prepared, self.credentials, sent.timestamp())
+        started = time.perf_counter()
+        status: int | None = None
+        error: str | None = None
+        try:
+            answer = await self.client.request(
+                prepared.method,
+                prepared.url,
+                params=prepared.query,
+                content=prepared.body,
+                headers=headers,
+                auth=self.endpoint.basic_auth,
+                timeout=budget or DEFAULT_TIMEOUT_SECONDS,
+            )
+            status = answer.status_code
+        except httpx.TimeoutException:
+            error = f"no answer within {budget or DEFAULT_TIMEOUT_SECONDS:g} s"
+        except httpx.HTTPError as exc:
+            error = describe_error(exc)
+        latency = (time.perf_counter() - started) * 1000
+        return Attempt(
+            event=_event_id(callback),
+            kind=callback.kind,
+            label=callback.label,
+            number=number,
+            scheduled_at=scheduled,
+            sent_at=sent,
+            status_code=status,
+            error=error,
+            latency_ms=latency,
+            duplicate=duplicate,
+        )
+
+
+def _accepted(attempt: Attempt, policy: Policy) -> bool:
+    if attempt.status_code is None or not policy.is_success(attempt.status_code):
+        return False
+    budget = policy.answer_budget
+    return budget is None or attempt.latency_ms <= budget.total_seconds() * 1000
+
+
+def _event_id(callback: Callback) -> str:
+    body = callback.body
+    for key in ("requestId", "messageId", "callId"):
+        if body.get(key):
+            return f"{body[key]}:{callback.label}"
+    return callback.label

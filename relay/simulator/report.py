@@ -1,0 +1,74 @@
+"""What a simulation did: the summary and every attempt."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from relay.simulator.platform import CallbackResult
+
+NO_ANSWER = "no answer"
+
+
+def percentile(values: Sequence[float], fraction: float) -> float | None:
+    """The nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(fraction * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def summarize(results: Sequence[CallbackResult], elapsed_seconds: float) -> dict[str, Any]:
+    """Events, attempts, answers by status code, latency p50/p99, given up."""
+    attempts = [a for r in results for a in r.attempts]
+    answers = Counter(str(a.status_code) if a.status_code else NO_ANSWER for a in attempts)
+    latencies = [a.latency_ms for a in attempts]
+    p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
+    return {
+        "events": len(results),
+        "attempts": len(attempts),
+        "retries": sum(1 for a in attempts if a.number > 1 and not a.duplicate),
+        "duplicates_sent": sum(1 for a in attempts if a.duplicate),
+        "answers": dict(sorted(answers.items())),
+        "latency_p50_ms": round(p50, 2) if p50 is not None else None,
+        "latency_p99_ms": round(p99, 2) if p99 is not None else None,
+        "given_up": sum(1 for r in results if r.given_up),
+        "elapsed_s": round(elapsed_seconds, 3),
+    }
+
+
+def attempts_json(results: Sequence[CallbackResult]) -> list[dict[str, Any]]:
+    """Every attempt: event, kind, attempt number, scheduled and sent time, status code."""
+    return [
+        {
+            "event": a.event,
+            "kind": a.kind,
+            "label": a.label,
+            "attempt": a.number,
+            "scheduled_at": a.scheduled_at.isoformat(),
+            "sent_at": a.sent_at.isoformat(),
+            "status_code": a.status_code,
+            "error": a.error,
+            "latency_ms": round(a.latency_ms, 3),
+            "duplicate": a.duplicate,
+        }
+        for r in results
+        for a in r.attempts
+    ]
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The summary for a terminal."""
+    answers = ", ".join(f"{code}: {count}" for code, count in summary["answers"].items()) or "-"
+    lines = [
+        f"events      {summary['events']}",
+        f"attempts    {summary['attempts']} ({summary['retries']} retries, "
+        f"{summary['duplicates_sent']} duplicates sent)",
+        f"answers     {answers}",
+        f"latency     p50 {summary['latency_p50_ms']} ms, p99 {summary['latency_p99_ms']} ms",
+        f"given up    {summary['given_up']}",
+        f"elapsed     {summary['elapsed_s']} s",
+    ]
+    return "\n".join(lines)
