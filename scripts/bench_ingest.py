@@ -26,6 +26,8 @@ exactly the ids it acknowledged (warmup included). The exit status is 1 when tha
 Run it with the project's interpreter (needs the project installed)::
 
     python scripts/bench_ingest.py [--json] [--requests 20000] [--concurrency 64]
+
+Shared with ``bench_relay.py``: the load generator and server helpers live in ``benchlib.py``.
 """
 
 from __future__ import annotations
@@ -33,388 +35,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
-import random
 import secrets
-import shutil
 import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from relay.simulator import factories
-
-HOST = "127.0.0.1"
-SCRIPTS_DIR = Path(__file__).resolve().parent
-READY_TIMEOUT_SECONDS = 60.0
-STOP_GRACE_SECONDS = 30.0
-POLL_INTERVAL_SECONDS = 0.05
-LOG_TAIL_CHARS = 3000
-
-Factory = Callable[[random.Random], dict[str, Any]]
-
-# (receiver path below /hooks, weight, factory): a plausible day of platform callbacks.
-KIND_MIX: tuple[tuple[str, int, Factory], ...] = (
-    ("/sms/dlr", 30, lambda rng: factories.sms_dlr(rng=rng)),
-    ("/sms/dlr", 5, lambda rng: factories.sms_dlr(status="UNDELIVERABLE", rng=rng)),
-    ("/sms/inbound", 15, lambda rng: factories.sms_inbound(rng=rng)),
-    ("/sms/inbound", 5, lambda rng: factories.sms_inbound(parts=2, rng=rng)),
-    ("/numinfo/gnp", 15, lambda rng: factories.numinfo_gnp(rng=rng)),
-    ("/conversations", 15, lambda rng: factories.conversations_status(rng=rng)),
-    ("/tts/events", 15, lambda rng: factories.tts_event(rng=rng)),
+from benchlib import (
+    BenchError,
+    Phase,
+    Server,
+    at_least,
+    build_events,
+    close_connections,
+    drive,
+    encode_requests,
+    free_port,
+    loop_factory,
+    open_connections,
+    percentile_ms,
+    relay_argv,
+    relay_env,
+    start_server,
+    stop_server,
+    uvicorn_argv,
+    wait_ready,
 )
 
 
-class BenchError(Exception):
-    """The run could not be carried out (as opposed to a failed stored check)."""
-
-
-# --- payloads and requests -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Event:
-    """One callback: its path below /hooks and its JSON body."""
-
-    path: str
-    body: bytes
-
-
-def build_events(count: int, seed: int) -> list[Event]:
-    """``count`` distinct callbacks, mixed across kinds per :data:`KIND_MIX`."""
-    rng = random.Random(seed)
-    weights = [weight for _, weight, _ in KIND_MIX]
-    picks = rng.choices(KIND_MIX, weights=weights, k=count)
-    events = [Event(path, json.dumps(make(rng)).encode()) for path, _, make in picks]
-    if len({event.body for event in events}) != count:
-        raise BenchError("the factories produced duplicate bodies; the stored check needs none")
-    return events
-
-
-def encode_requests(events: Sequence[Event], port: int, token: str) -> list[bytes]:
-    """Serialized HTTP/1.1 keep-alive POSTs, one per event."""
-    return [
-        (
-            f"POST /hooks{event.path}?token={token} HTTP/1.1\r\n"
-            f"Host: {HOST}:{port}\r\n"
-            "User-Agent: bench-ingest\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(event.body)}\r\n\r\n"
-        ).encode()
-        + event.body
-        for event in events
-    ]
-
-
-# --- the load generator ----------------------------------------------------------------------
-
-
-class Phase:
-    """A list of requests shared by all connections; records each answer by request index."""
-
-    def __init__(self, requests: Sequence[bytes], *, keep_bodies: bool) -> None:
-        self.requests = requests
-        self.keep_bodies = keep_bodies
-        self.statuses = [0] * len(requests)
-        self.latencies_ns = [0] * len(requests)
-        self.bodies: list[bytes] = [b""] * len(requests) if keep_bodies else []
-        self.started_at = 0.0
-        self.finished_at = 0.0
-        self.cpu_started_at = 0.0
-        self.cpu_finished_at = 0.0
-        self.failure: str | None = None
-        self._next = 0
-        self._active = 0
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def take(self) -> int | None:
-        """The next request index, or None when all have been handed out."""
-        index = self._next
-        if index >= len(self.requests):
-            return None
-        self._next = index + 1
-        return index
-
-    def record(self, index: int, status: int, latency_ns: int, body: bytes) -> None:
-        self.statuses[index] = status
-        self.latencies_ns[index] = latency_ns
-        if self.keep_bodies:
-            self.bodies[index] = body
-
-    def join(self) -> None:
-        self._active += 1
-
-    def leave(self) -> None:
-        self._active -= 1
-        if self._active == 0:
-            self.finish()
-
-    def finish(self) -> None:
-        if not self.done.done():
-            self.finished_at = time.perf_counter()
-            self.cpu_finished_at = time.process_time()
-            self.done.set_result(None)
-
-    @property
-    def active(self) -> int:
-        return self._active
-
-
-class Connection(asyncio.Protocol):
-    """One keep-alive connection with one request in flight, driven by callbacks."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.phase: Phase | None = None
-        self.index = -1
-        self.sent_ns = 0
-        self.lost = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
-
-    def start(self, phase: Phase) -> None:
-        """Take part in ``phase`` until its requests run out."""
-        if self.lost:
-            return
-        self.phase = phase
-        phase.join()
-        self._send_next()
-
-    def _send_next(self) -> None:
-        phase = self.phase
-        assert phase is not None and self.transport is not None
-        index = phase.take()
-        if index is None:
-            self.phase, self.index = None, -1
-            phase.leave()
-            return
-        self.index = index
-        self.sent_ns = time.perf_counter_ns()
-        self.transport.write(phase.requests[index])
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
-            return
-        try:
-            status = int(self.buffer[9:12])
-            total = end + 4 + _content_length(bytes(self.buffer[:end]))
-        except (BenchError, ValueError) as exc:
-            if self.phase is not None:
-                self.phase.failure = f"unreadable answer: {exc}"
-            assert self.transport is not None
-            self.transport.close()  # connection_lost ends this connection's part
-            return
-        if len(self.buffer) < total:
-            return
-        body = bytes(self.buffer[end + 4 : total])
-        del self.buffer[:total]
-        if self.phase is None:
-            return
-        self.phase.record(self.index, status, time.perf_counter_ns() - self.sent_ns, body)
-        self._send_next()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if self.phase is not None:
-            phase, self.phase = self.phase, None
-            phase.record(self.index, 0, 0, b"")
-            phase.leave()
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.lower().split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name == b"content-length":
-            return int(value)
-    raise BenchError("an answer without Content-Length (chunked answers are not expected)")
-
-
-async def open_connections(port: int, count: int) -> list[Connection]:
-    loop = asyncio.get_running_loop()
-    pairs = await asyncio.gather(
-        *(loop.create_connection(Connection, HOST, port) for _ in range(count))
-    )
-    return [protocol for _, protocol in pairs]
-
-
-def close_connections(connections: Sequence[Connection]) -> None:
-    for connection in connections:
-        if connection.transport is not None:
-            connection.transport.close()
-
-
-async def drive(
-    connections: Sequence[Connection], requests: Sequence[bytes], *, keep_bodies: bool
-) -> Phase:
-    """Send every request over the connections; returns once all are answered (or lost)."""
-    phase = Phase(requests, keep_bodies=keep_bodies)
-    phase.started_at = time.perf_counter()
-    phase.cpu_started_at = time.process_time()
-    for connection in connections:
-        connection.start(phase)
-    if phase.active == 0:  # no connection could take part
-        phase.finish()
-    await phase.done
-    if phase.failure is not None:
-        raise BenchError(phase.failure)
-    if any(status == 0 for status in phase.statuses):
-        raise BenchError("connections were lost before every request was answered")
-    return phase
-
-
-# --- servers ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    """A server subprocess and where its output goes."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    def log_tail(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-        except OSError:
-            return ""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(
-    name: str, argv: Sequence[str], port: int, workdir: Path, env: dict[str, str]
-) -> Server:
-    log_path = workdir / f"{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            list(argv),
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    return Server(name, process, port, log_path)
-
-
-def stop_server(server: Server) -> int:
-    """SIGTERM, then wait (SIGKILL after the grace period); returns the exit status."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            return server.process.wait(timeout=STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-    return server.process.wait()
-
-
-async def http_status(port: int, path: str) -> int | None:
-    """The status of a GET, or None when nothing answers yet."""
-    try:
-        reader, writer = await asyncio.open_connection(HOST, port)
-    except OSError:
-        return None
-    try:
-        request = f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n"
-        writer.write(request.encode())
-        line = await reader.readline()
-        return int(line.split()[1]) if line.startswith(b"HTTP/") else None
-    except (OSError, ValueError, IndexError):
-        return None
-    finally:
-        writer.close()
-
-
-async def wait_ready(server: Server, path: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise BenchError(f"{server.name} exited early:\n{server.log_tail()}")
-        if await http_status(server.port, path) == 200:
-            return
-        await asyncio.sleep(POLL_INTERVAL_SECONDS)
-    raise BenchError(f"{server.name} did not answer {path} in time:\n{server.log_tail()}")
-
-
 def noop_argv(port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "noop_app:app",
-        "--app-dir",
-        str(SCRIPTS_DIR),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--loop",
-        "auto",
-        "--http",
-        "auto",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-        "--no-proxy-headers",  # as `relay serve` configures uvicorn
-        "--no-server-header",
-        "--lifespan",
-        "on",
-    ]
-
-
-def relay_command() -> list[str]:
-    """The `relay` console script of this interpreter's environment."""
-    script = Path(sys.executable).with_name("relay")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("relay")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "import sys; from relay.cli import main; sys.exit(main())"]
-
-
-def relay_argv(port: int, config: Path) -> list[str]:
-    command = relay_command()
-    help_text = subprocess.run(
-        [*command, "serve", "--help"], capture_output=True, text=True, check=False, timeout=60
-    ).stdout
-    # At log level warning uvicorn drops its (info) access lines anyway; the flag makes it explicit.
-    access = ["--no-access-log"] if "--no-access-log" in help_text else []
-    if not access:
-        print("note: this `relay serve` has no --no-access-log flag", file=sys.stderr)
-    return [
-        *command,
-        "serve",
-        "--config",
-        str(config),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        *access,
-        "--log-level",
-        "warning",
-    ]
+    return uvicorn_argv("noop_app:app", port)
 
 
 def write_config(workdir: Path, token: str) -> Path:
@@ -425,11 +80,6 @@ def write_config(workdir: Path, token: str) -> Path:
         encoding="utf-8",
     )
     return config
-
-
-def relay_env() -> dict[str, str]:
-    """This environment without RELAY_* variables (they would override the temp config)."""
-    return {key: value for key, value in os.environ.items() if not key.startswith("RELAY_")}
 
 
 # --- one target --------------------------------------------------------------------------------
@@ -453,14 +103,6 @@ class TargetResult:
     @property
     def eps(self) -> float:
         return self.acked / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-
-def percentile_ms(latencies_ns: Sequence[int], fraction: float) -> float:
-    """Nearest-rank percentile of sorted latencies, in milliseconds."""
-    if not latencies_ns:
-        return math.nan
-    rank = max(1, math.ceil(fraction * len(latencies_ns)))
-    return latencies_ns[rank - 1] / 1e6
 
 
 def summarize(name: str, warmup: Phase, timed: Phase, *, read_ids: bool) -> TargetResult:
@@ -624,24 +266,8 @@ async def bounded(coroutine: Coroutine[Any, Any, Report], seconds: float) -> Rep
 
 
 def run(args: argparse.Namespace, workdir: Path) -> Report:
-    try:
-        import uvloop
-
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:
-        loop_factory = None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(bounded(bench(args, workdir), args.timeout))
-
-
-def at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
-        return value
-
-    return parse
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

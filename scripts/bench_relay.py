@@ -1,0 +1,714 @@
+"""Relay benchmark: how fast callbacks get from the receivers to an HTTP destination, next to a
+plain httpx baseline.
+
+What is measured, in one run, one target after the other (never simultaneously):
+
+a) the baseline: this process POSTs the envelopes of the events (built with the relay's own
+   ``envelope_bytes``, the same headers a destination sends) straight to the sink with one
+   ``httpx.AsyncClient`` (the worker's pool limits), ``--concurrency`` requests in flight, on
+   asyncio's default event loop (as `relay worker` runs);
+b) the relay: the events are POSTed to the receivers (``relay serve`` on a fresh SQLite database
+   in WAL mode in a temp directory) by the lean keep-alive load generator of ``benchlib.py``
+   (``--ingest-concurrency`` connections); the receivers store them, route them to the one
+   destination ``[destinations.sink]`` (type http, format envelope) and enqueue arq jobs on the
+   machine's Redis (``redis://127.0.0.1:6379/<--redis-db>``, flushed at the start and the end);
+   ONE ``relay worker`` (``worker_concurrency = --concurrency``) POSTs them to the sink.
+
+The sink is ``scripts/sink_app.py`` under uvicorn (one worker, its own process): for each request
+it records the ``webhook-id`` header and the arrival time (``time.time()``, wall-clock UTC, the
+same clock as the envelope's ``received_at``, which the receivers take with
+``datetime.now(UTC)`` on this machine).
+
+Figures:
+
+- deliveries/s: (a) answered POSTs / (last arrival at the sink - first POST);
+  (b) events that reached the sink / (last first-arrival at the sink - first POST to the
+  receivers), so it includes ingest, routing, queueing and delivery;
+- ratio = (b) / (a);
+- lag per event (b): first arrival at the sink - the envelope's ``received_at``, p50/p99 in ms
+  (for (a), send -> arrival, printed for reference);
+- lost: events the receivers acknowledged (200 with their id) that the sink never saw (by
+  ``webhook-id``) within ``--drain-timeout`` seconds after the last acknowledgement. Must be 0.
+
+Also printed: the ingest rate, the relay-only rate (first to last arrival), duplicates at the
+sink, CPU use of each process during (b) (from /proc; near 1.0 = that process is CPU-bound), the
+baseline client's own CPU use and the deliveries' statuses in SQL. ``--profile DIR`` runs serve
+and worker under cProfile (for hot spots only: it slows them down).
+
+The exit status is 1 when events were lost or not acknowledged, 2 when the run itself failed (a
+process did not start, ``--timeout`` expired). Every subprocess is stopped, the Redis database
+flushed and the temp directory removed on every path.
+
+Run it with the project's interpreter (needs the project installed and Redis on 127.0.0.1:6379)::
+
+    python scripts/bench_relay.py [--json] [--events 5000] [--concurrency 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import secrets
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import redis
+import redis.asyncio
+from arq.constants import health_check_key_suffix
+from benchlib import (
+    HOST,
+    POLL_INTERVAL_SECONDS,
+    READY_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    BenchError,
+    Event,
+    Server,
+    at_least,
+    build_events,
+    close_connections,
+    drive,
+    encode_requests,
+    free_port,
+    loop_factory,
+    open_connections,
+    relay_argv,
+    relay_command,
+    relay_env,
+    start_server,
+    stop_server,
+    uvicorn_argv,
+    wait_ready,
+)
+
+from relay.destinations.http import USER_AGENT
+from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
+from relay.jobs import QUEUE_NAME
+
+T = TypeVar("T")
+
+REDIS_PORT = 6379
+SINK_PATH = "/relay"
+SOURCE = "default"
+WORKER_HEALTH_KEY = QUEUE_NAME + health_check_key_suffix  # set by arq after on_startup
+# The worker's HTTP pool (relay.services.worker_services); the baseline uses the same limits.
+WORKER_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=100)
+SETTLE_SECONDS = 10.0  # untimed wait for the deliveries' statuses in SQL to become final
+RECORDS_MARGIN_SECONDS = 10.0  # kept from the overall --timeout to fetch the records and report
+KIND_BY_PATH = {
+    "/sms/dlr": "sms.dlr",
+    "/sms/inbound": "sms.inbound",
+    "/numinfo/gnp": "numinfo.gnp",
+    "/conversations": "conversations.status",  # KIND_MIX only sends MessageStatus events there
+    "/tts/events": "tts.event",
+}
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    if not sorted_values:
+        return math.nan
+    return sorted_values[max(1, math.ceil(fraction * len(sorted_values))) - 1]
+
+
+@dataclass
+class Arrivals:
+    """The sink's records, reduced to the first arrival of each webhook-id."""
+
+    first: dict[str, float]
+    received_at: dict[str, float]
+    requests: int
+
+    @classmethod
+    def from_records(cls, rows: Sequence[Sequence[Any]]) -> Arrivals:
+        first: dict[str, float] = {}
+        received: dict[str, float] = {}
+        for webhook_id, arrived, received_at in rows:
+            if webhook_id in first:
+                continue
+            first[webhook_id] = float(arrived)
+            if isinstance(received_at, str):
+                with contextlib.suppress(ValueError):
+                    received[webhook_id] = datetime.fromisoformat(received_at).timestamp()
+        return cls(first, received, len(rows))
+
+    @property
+    def duplicates(self) -> int:
+        return self.requests - len(self.first)
+
+
+@dataclass
+class Baseline:
+    """(a): httpx straight to the sink."""
+
+    requests: int
+    ok: int
+    started: float
+    last_arrival: float
+    lag_p50_ms: float
+    lag_p99_ms: float
+    client_cpu: float  # this process's CPU time / elapsed: near 1.0, httpx itself is the limit
+
+    @property
+    def dps(self) -> float:
+        elapsed = self.last_arrival - self.started
+        return self.ok / elapsed if elapsed > 0 else 0.0
+
+
+@dataclass
+class Relayed:
+    """(b): receivers -> SQL -> Redis -> worker -> sink."""
+
+    events: int
+    acked: int
+    delivered: int
+    lost: int
+    duplicates: int
+    started: float
+    acked_at: float
+    first_arrival: float
+    last_arrival: float
+    lag_p50_ms: float
+    lag_p99_ms: float
+    lag_max_ms: float
+    lag_missing: int
+    cpu: dict[str, float]
+    deliveries: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dps(self) -> float:
+        elapsed = self.last_arrival - self.started
+        return self.delivered / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def ingest_eps(self) -> float:
+        elapsed = self.acked_at - self.started
+        return self.acked / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def relay_only_dps(self) -> float:
+        elapsed = self.last_arrival - self.first_arrival
+        return (self.delivered - 1) / elapsed if elapsed > 0 and self.delivered > 1 else 0.0
+
+
+@dataclass
+class Report:
+    args: argparse.Namespace
+    baseline: Baseline
+    relayed: Relayed
+
+    @property
+    def ratio(self) -> float:
+        return self.relayed.dps / self.baseline.dps if self.baseline.dps else 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.relayed.lost > 0 or self.relayed.acked < self.relayed.events
+
+    def as_json(self) -> dict[str, Any]:
+        b, r = self.baseline, self.relayed
+        return {
+            "baseline_dps": round(b.dps, 1),
+            "dps": round(r.dps, 1),
+            "ratio": round(self.ratio, 3),
+            "lag_p50_ms": round(r.lag_p50_ms, 1),
+            "lag_p99_ms": round(r.lag_p99_ms, 1),
+            "lost": r.lost,
+            "events": r.events,
+            "acked": r.acked,
+            "delivered": r.delivered,
+            "duplicates": r.duplicates,
+            "lag_max_ms": round(r.lag_max_ms, 1),
+            "ingest_eps": round(r.ingest_eps, 1),
+            "ingest_s": round(r.acked_at - r.started, 3),
+            "total_s": round(r.last_arrival - r.started, 3),
+            "drain_after_last_ack_s": round(r.last_arrival - r.acked_at, 3),
+            "relay_only_dps": round(r.relay_only_dps, 1),
+            "lag_missing": r.lag_missing,
+            "baseline_errors": b.requests - b.ok,
+            "baseline_lag_p50_ms": round(b.lag_p50_ms, 2),
+            "baseline_lag_p99_ms": round(b.lag_p99_ms, 2),
+            "baseline_client_cpu": round(b.client_cpu, 2),
+            "cpu": {name: round(share, 2) for name, share in r.cpu.items()},
+            "deliveries": r.deliveries,
+            "concurrency": self.args.concurrency,
+            "ingest_concurrency": self.args.ingest_concurrency,
+        }
+
+    def as_text(self) -> str:
+        b, r = self.baseline, self.relayed
+        cpu = ", ".join(f"{name} {share:.0%}" for name, share in r.cpu.items())
+        statuses = ", ".join(f"{status} {n}" for status, n in sorted(r.deliveries.items()))
+        return "\n".join(
+            [
+                f"relay benchmark: {r.events} events, worker_concurrency {self.args.concurrency}, "
+                f"{self.args.ingest_concurrency} ingest connections",
+                f"{'target':<24} {'deliveries/s':>12} {'lag p50 ms':>11} {'lag p99 ms':>11}",
+                f"{'a) httpx -> sink':<24} {b.dps:>12.1f} {b.lag_p50_ms:>11.1f} "
+                f"{b.lag_p99_ms:>11.1f}   (lag: send -> arrival; client cpu "
+                f"{b.client_cpu:.0%})",
+                f"{'b) serve+worker -> sink':<24} {r.dps:>12.1f} {r.lag_p50_ms:>11.1f} "
+                f"{r.lag_p99_ms:>11.1f}   (lag: received_at -> arrival; max "
+                f"{r.lag_max_ms:.0f})",
+                f"ratio b/a: {self.ratio:.3f}",
+                f"ingest: {r.acked}/{r.events} acked in {r.acked_at - r.started:.2f} s "
+                f"({r.ingest_eps:.0f} events/s); last arrival {r.last_arrival - r.acked_at:.2f} s "
+                f"after the last ack; relay-only rate {r.relay_only_dps:.0f}/s",
+                f"cpu during b) (1.0 = one core): {cpu}",
+                f"deliveries in SQL: {statuses or 'unknown'}",
+                f"lost: {r.lost} (delivered {r.delivered}, duplicates at the sink {r.duplicates}, "
+                f"baseline errors {b.requests - b.ok})",
+            ]
+        )
+
+
+# --- the sink ------------------------------------------------------------------------------------
+
+
+class Sink:
+    """Control calls to the sink subprocess."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.base = f"http://{HOST}:{server.port}"
+        self.url = self.base + SINK_PATH
+
+    async def reset(self, client: httpx.AsyncClient) -> None:
+        (await client.post(self.base + "/_bench/reset")).raise_for_status()
+
+    async def distinct(self, client: httpx.AsyncClient) -> int:
+        response = await client.get(self.base + "/_bench/count")
+        response.raise_for_status()
+        return int(response.json()["distinct"])
+
+    async def arrivals(self, client: httpx.AsyncClient) -> Arrivals:
+        response = await client.get(self.base + "/_bench/records", timeout=60)
+        response.raise_for_status()
+        return Arrivals.from_records(response.json())
+
+
+def control_client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=10, trust_env=False)
+
+
+# --- a) baseline -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A pre-built baseline request: the envelope body and the destination's headers."""
+
+    id: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def build_envelopes(events: Sequence[Event]) -> list[Envelope]:
+    """The envelopes of the events, as an HttpDestination renders them (no signing secret)."""
+    now = datetime.now(UTC)
+    timestamp = str(int(now.timestamp()))
+    envelopes = []
+    for number, event in enumerate(events):
+        event_id = f"baseline-{number:08d}"
+        outbound = Outbound(
+            event_id=event_id,
+            kind=KIND_BY_PATH[event.path],
+            source=SOURCE,
+            received_at=now,
+            payload=json.loads(event.body),
+            raw_body=event.body,
+            content_type=JSON_CONTENT_TYPE,
+            method="POST",
+        )
+        headers = {
+            "user-agent": USER_AGENT,
+            "content-type": JSON_CONTENT_TYPE,
+            "webhook-id": event_id,
+            "webhook-timestamp": timestamp,
+        }
+        envelopes.append(Envelope(event_id, envelope_bytes(outbound), headers))
+    return envelopes
+
+
+async def run_baseline(sink: Sink, envelopes: Sequence[Envelope], concurrency: int) -> Baseline:
+    """POST every envelope to the sink, ``concurrency`` at a time, with one httpx client."""
+    await wait_ready(sink.server, "/_bench/healthz")
+    async with control_client() as control:
+        await sink.reset(control)
+    sent_at = [0.0] * len(envelopes)
+    statuses = [0] * len(envelopes)
+    indexes = iter(range(len(envelopes)))
+
+    async with httpx.AsyncClient(
+        limits=WORKER_LIMITS, follow_redirects=False, trust_env=False, timeout=30
+    ) as client:
+
+        async def sender() -> None:
+            for index in indexes:
+                envelope = envelopes[index]
+                sent_at[index] = time.time()
+                try:
+                    response = await client.post(
+                        sink.url, content=envelope.body, headers=envelope.headers
+                    )
+                except httpx.HTTPError:
+                    continue
+                statuses[index] = response.status_code
+
+        cpu_started = time.process_time()
+        started = time.time()
+        await asyncio.gather(*(sender() for _ in range(concurrency)))
+        client_cpu = (time.process_time() - cpu_started) / max(time.time() - started, 1e-9)
+
+    async with control_client() as control:
+        arrivals = await sink.arrivals(control)
+    ok = [i for i, status in enumerate(statuses) if 200 <= status < 300]
+    lags = sorted(
+        (arrivals.first[envelopes[i].id] - sent_at[i]) * 1000
+        for i in ok
+        if envelopes[i].id in arrivals.first
+    )
+    return Baseline(
+        requests=len(envelopes),
+        ok=len(ok),
+        started=started,
+        last_arrival=max(arrivals.first.values(), default=started),
+        lag_p50_ms=percentile(lags, 0.50),
+        lag_p99_ms=percentile(lags, 0.99),
+        client_cpu=client_cpu,
+    )
+
+
+# --- b) the relay --------------------------------------------------------------------------------
+
+
+def redis_url(database: int) -> str:
+    return f"redis://{HOST}:{REDIS_PORT}/{database}"
+
+
+def flush_redis(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def write_config(workdir: Path, token: str, args: argparse.Namespace, sink_url: str) -> Path:
+    config = workdir / "relay.toml"
+    config.write_text(
+        f'database_url = "sqlite:///{workdir / "relay.db"}"\n'
+        f'redis_url = "{redis_url(args.redis_db)}"\n'
+        f"worker_concurrency = {args.concurrency}\n"
+        f'sweep_interval = "{args.sweep_interval}"\n'
+        "\n"
+        f'[sources.{SOURCE}]\ntoken = "{token}"\n'
+        "\n"
+        "[destinations.sink]\n"
+        'type = "http"\n'
+        f'url = "{sink_url}"\n'
+        'format = "envelope"\n',
+        encoding="utf-8",
+    )
+    return config
+
+
+async def wait_worker(worker: Server, url: str) -> None:
+    """Until arq has run the worker's start-up (it then writes its health-check key)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if worker.process.poll() is not None:
+                raise BenchError(f"{worker.name} exited early:\n{worker.log_tail()}")
+            if await client.exists(WORKER_HEALTH_KEY):
+                return
+            await asyncio.sleep(POLL_INTERVAL_SECONDS)
+    finally:
+        await client.aclose()
+    raise BenchError(f"{worker.name} did not start in time:\n{worker.log_tail()}")
+
+
+def profiled(argv: list[str], directory: Path | None, name: str) -> list[str]:
+    """``argv`` under cProfile, writing ``directory/name.prof`` when the process exits."""
+    if directory is None:
+        return argv
+    if not Path(argv[0]).is_file() or argv[0] == sys.executable:
+        raise BenchError("--profile needs the `relay` console script next to this interpreter")
+    output = directory.resolve() / f"{name}.prof"
+    return [sys.executable, "-m", "cProfile", "-o", str(output), *argv]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc); NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def acked_ids(statuses: Sequence[int], bodies: Sequence[bytes]) -> list[str]:
+    ids = []
+    for status, body in zip(statuses, bodies, strict=True):
+        if 200 <= status < 300:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                ids.append(str(json.loads(body)["id"]))
+    return ids
+
+
+async def run_relay(
+    args: argparse.Namespace,
+    workdir: Path,
+    events: Sequence[Event],
+    sink: Sink,
+    servers: list[Server],
+    deadline: float,
+) -> Relayed:
+    """Start `relay serve` and one `relay worker`, push the events in, wait for them at the
+    sink. The processes are added to ``servers``; the caller stops them."""
+    token = secrets.token_urlsafe(24)
+    config = write_config(workdir, token, args, sink.url)
+    port = free_port()
+    argv = profiled(relay_argv(port, config), args.profile, "serve")
+    serve = start_server("serve", argv, port, workdir, relay_env())
+    servers.append(serve)
+    await wait_ready(serve, "/readyz")  # SQLite is migrated before it answers
+    argv = profiled([*relay_command(), "worker", "--config", str(config)], args.profile, "worker")
+    worker = start_server("worker", argv, 0, workdir, relay_env())
+    servers.append(worker)
+    await wait_worker(worker, redis_url(args.redis_db))
+
+    async with control_client() as control:
+        await sink.reset(control)
+        requests = encode_requests(events, port, token, user_agent="bench-relay")
+        connections = await open_connections(port, args.ingest_concurrency)
+        processes = {"serve": serve.process.pid, "worker": worker.process.pid}
+        processes["sink"] = sink.server.process.pid
+        cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        bench_cpu_before = time.process_time()
+        started = time.time()
+        try:
+            phase = await drive(connections, requests, keep_bodies=True)
+        finally:
+            close_connections(connections)
+        acked_at = time.time()
+        acked = acked_ids(phase.statuses, phase.bodies)
+
+        # Bounded wait: until the sink has seen as many distinct ids as were acked.
+        limit = min(time.monotonic() + args.drain_timeout, deadline - RECORDS_MARGIN_SECONDS)
+        while time.monotonic() < limit:
+            if await sink.distinct(control) >= len(acked):
+                break
+            if worker.process.poll() is not None:
+                print(f"warning: the worker exited:\n{worker.log_tail()}", file=sys.stderr)
+                break
+            await asyncio.sleep(POLL_INTERVAL_SECONDS)
+        ended = time.time()
+        cpu_after = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        bench_cpu = time.process_time() - bench_cpu_before
+        arrivals = await sink.arrivals(control)
+    # Untimed: let the worker record its last attempts, so that the statuses in SQL are final.
+    await settle(workdir / "relay.db", min(time.monotonic() + SETTLE_SECONDS, limit))
+    cpu = {name: (cpu_after[name] - cpu_before[name]) / (ended - started) for name in processes}
+    cpu["bench"] = bench_cpu / (ended - started)
+
+    delivered = [event_id for event_id in acked if event_id in arrivals.first]
+    lags = sorted(
+        (arrivals.first[event_id] - arrivals.received_at[event_id]) * 1000
+        for event_id in delivered
+        if event_id in arrivals.received_at
+    )
+    times = [arrivals.first[event_id] for event_id in delivered]
+    return Relayed(
+        events=len(events),
+        acked=len(acked),
+        delivered=len(delivered),
+        lost=len(set(acked) - set(delivered)),
+        duplicates=arrivals.duplicates,
+        started=started,
+        acked_at=acked_at,
+        first_arrival=min(times, default=started),
+        last_arrival=max(times, default=started),
+        lag_p50_ms=percentile(lags, 0.50),
+        lag_p99_ms=percentile(lags, 0.99),
+        lag_max_ms=lags[-1] if lags else math.nan,
+        lag_missing=len(delivered) - len(lags),
+        cpu=cpu,
+    )
+
+
+async def settle(database: Path, deadline: float) -> None:
+    """Until no delivery is pending in SQL (read-only, WAL readers do not block the writers)."""
+    while time.monotonic() < deadline:
+        counts = await asyncio.to_thread(delivery_counts, database)
+        if counts and not counts.get("pending"):
+            return
+        await asyncio.sleep(POLL_INTERVAL_SECONDS)
+
+
+def delivery_counts(database: Path) -> dict[str, int]:
+    """Deliveries per status (empty when the database cannot be read)."""
+    if not database.exists():
+        return {}
+    try:
+        with contextlib.closing(sqlite3.connect(database)) as conn:
+            query = "SELECT status, count(*) FROM deliveries GROUP BY status"
+            return {status: count for status, count in conn.execute(query)}
+    except sqlite3.Error:
+        return {}
+
+
+# --- the whole run -------------------------------------------------------------------------------
+
+
+async def bounded(coroutine: Coroutine[Any, Any, T], deadline: float) -> T:
+    seconds = deadline - time.monotonic()
+    try:
+        async with asyncio.timeout(max(seconds, 0)):
+            return await coroutine
+    except TimeoutError:
+        raise BenchError("the run took longer than --timeout") from None
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the run like Ctrl-C does, so that the clean-up still runs."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_all(servers: list[Server], *, interrupt: bool = False) -> None:
+    """Stop the subprocesses, the last started first; ``interrupt``: SIGINT first (a process
+    under cProfile writes its profile on KeyboardInterrupt, not when killed by SIGTERM)."""
+    for server in reversed(servers):
+        if interrupt and server.process.poll() is None:
+            server.process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.process.wait(timeout=STOP_GRACE_SECONDS)
+        try:
+            status = stop_server(server)
+        except Exception as exc:  # keep stopping the others
+            print(f"warning: stopping {server.name} failed: {exc}", file=sys.stderr)
+            continue
+        if status not in (0, -signal.SIGTERM, -signal.SIGINT):
+            print(f"warning: {server.name} exited with status {status}", file=sys.stderr)
+            if os.environ.get("BENCH_RELAY_DEBUG"):
+                print(server.log_tail(), file=sys.stderr)
+    servers.clear()
+
+
+def run(args: argparse.Namespace, workdir: Path) -> Report:
+    deadline = time.monotonic() + args.timeout
+    events = build_events(args.events, args.seed)
+    envelopes = build_envelopes(events)
+    url = redis_url(args.redis_db)
+    servers: list[Server] = []
+    with sigterm_interrupts():
+        try:
+            try:
+                flush_redis(url)
+            except redis.RedisError as exc:
+                raise BenchError(f"Redis at {url} is not usable: {exc}") from None
+            sink_port = free_port()
+            sink_server = start_server(
+                "sink", uvicorn_argv("sink_app:app", sink_port), sink_port, workdir, relay_env()
+            )
+            servers.append(sink_server)
+            sink = Sink(sink_server)
+            # a) on asyncio's default loop, as `relay worker` runs (it does not use uvloop)
+            with asyncio.Runner() as runner:
+                baseline = runner.run(
+                    bounded(run_baseline(sink, envelopes, args.concurrency), deadline)
+                )
+            # b) the load generator on uvloop (when installed), as bench_ingest drives it
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:
+                relayed = runner.run(
+                    bounded(run_relay(args, workdir, events, sink, servers, deadline), deadline)
+                )
+        finally:
+            stop_all(servers, interrupt=args.profile is not None)
+            with contextlib.suppress(redis.RedisError):
+                flush_redis(url)
+    relayed.deliveries = delivery_counts(workdir / "relay.db")
+    return Report(args, baseline, relayed)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=at_least(1), default=5000, help="events per target")
+    parser.add_argument(
+        "--concurrency",
+        type=at_least(1),
+        default=50,
+        help="worker_concurrency of the relay worker, and the baseline's requests in flight",
+    )
+    parser.add_argument(
+        "--ingest-concurrency",
+        type=at_least(1),
+        default=None,
+        help="keep-alive connections POSTing to the receivers (default: --concurrency)",
+    )
+    parser.add_argument("--timeout", type=float, default=900.0, help="overall limit, seconds")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        help="how long to wait after the last ack for every event to reach the sink, seconds",
+    )
+    parser.add_argument(
+        "--redis-db", type=int, default=12, help="Redis database on 127.0.0.1:6379 (flushed!)"
+    )
+    parser.add_argument("--sweep-interval", default="5s", help="the relay's sweep_interval")
+    parser.add_argument("--seed", type=int, default=20260101, help="payload generator seed")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run serve and worker under cProfile, writing DIR/serve.prof and DIR/worker.prof "
+        "(slows them down: for finding hot spots, not for figures)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.ingest_concurrency is None:
+        args.ingest_concurrency = args.concurrency
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
+        try:
+            report = run(args, Path(tmp))
+        except BenchError as exc:
+            print(f"bench_relay: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: everything has been stopped by now
+            print("bench_relay: interrupted", file=sys.stderr)
+            return 130
+    print(json.dumps(report.as_json()) if args.json else report.as_text())
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
