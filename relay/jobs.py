@@ -36,6 +36,19 @@ class JobQueue:
         results = await asyncio.gather(*(self._enqueue_one(d) for d in due))
         return sum(results)
 
+    async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
+        """The deliveries whose job is neither queued nor running (one round trip).
+
+        arq keeps a job in its queue's sorted set until the job has finished, so a missing
+        score means the job is gone: done, or lost with a flushed Redis."""
+        if not due:
+            return []
+        async with self.pool.pipeline(transaction=False) as pipe:
+            for item in due:
+                pipe.zscore(QUEUE_NAME, deliver_job_id(item))
+            scores = await pipe.execute()
+        return [item for item, score in zip(due, scores, strict=True) if score is None]
+
     async def _enqueue_one(self, due: Due) -> bool:
         async with self._limit:
             job = await self.pool.enqueue_job(

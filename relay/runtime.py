@@ -10,6 +10,7 @@ from datetime import datetime
 
 import fakeredis
 from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
@@ -73,7 +74,19 @@ async def relay_queue(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await worker.close()
+        await close_worker(worker)
+
+
+async def close_worker(worker: Worker) -> None:
+    """Stop a worker: cancel its running jobs (their deliveries keep their lease and are
+    re-run later), wait for them, then run its shutdown (sweeper, connections).
+
+    arq's own ``close()`` awaits the cancelled jobs without catching their cancellation, which
+    would skip the shutdown hook; awaiting them here first avoids that."""
+    for job in worker.tasks.values():
+        job.cancel()
+    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    await worker.close()
 
 
 def embedded_pool() -> ArqRedis:
@@ -131,8 +144,8 @@ async def run_worker(settings: Settings, clock: Callable[[], datetime] = utc_now
         try:
             await worker.async_run()
         except asyncio.CancelledError:
-            pass  # SIGINT/SIGTERM: arq cancels its main task
+            pass  # SIGINT/SIGTERM: arq cancels its main task and its jobs
         finally:
-            await worker.close()
+            await close_worker(worker)
     finally:
         await engine.dispose()

@@ -1,8 +1,9 @@
 """The sweeper: reconciles the SQL store (the truth) with the queue (a fast dispatcher).
 
 It routes events whose after-commit hook never ran (a killed process) and re-enqueues due
-deliveries whose job is gone (Redis flushed, worker killed). Both steps are idempotent, so
-several sweepers (one per worker) may run at once.
+deliveries whose job is gone (Redis flushed); a delivery whose job is still queued or running
+is left alone, so a backlog costs one Redis round trip per page, not one enqueue per delivery.
+Both steps are idempotent, so several sweepers (one per worker) may run at once.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Sweeper:
         now, last = self._clock(), None
         while True:
             due = await outbox.due_deliveries(self._engine, now, BATCH, after=last)
-            enqueued += await self._queue.enqueue(due)
+            enqueued += await self._queue.enqueue(await self._queue.without_jobs(due))
             if len(due) < BATCH:
                 break
             last = due[-1]
