@@ -21,6 +21,7 @@ from receivers.config import ReceiverConfig, source_prefix
 from receivers.handler import HookEndpoint
 from receivers.kinds import kinds_by_path
 from receivers.metrics import Counters
+from receivers.openapi import openapi_document
 from receivers.problems import Problem
 from receivers.store.writer import AfterCommit, EventWriter
 
@@ -93,6 +94,11 @@ def create_app(
             ).response()
         return JSONResponse({"status": "ready"})
 
+    document = openapi_document(config)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(counters.render(), media_type="text/plain; version=0.0.4")
 
@@ -100,6 +106,7 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
