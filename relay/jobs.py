@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from arq.connections import ArqRedis
 
@@ -12,16 +13,19 @@ from relay.outbox import Due
 QUEUE_NAME = "relay:queue"
 DELIVER_FUNCTION = "deliver"
 ENQUEUE_CONCURRENCY = 32
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def deliver_job_id(due: Due) -> str:
-    """``relay:deliver:<delivery id>:<attempts made>``.
+    """``relay:deliver:<delivery id>:<attempts made>:<due time in µs>``.
 
-    arq refuses a job id that exists, so the sweeper may re-enqueue freely: a job that is still
-    queued is not duplicated. The attempt count makes every attempt's id new, so a finished
-    attempt never blocks the next one (deliver jobs also keep no result).
+    arq refuses a job id that exists, so re-enqueueing a job that is still queued is a no-op.
+    The attempt count and the due time make the id of every new schedule new: the next attempt,
+    a wait for a paused destination (same attempt count, later time) and a replay never collide
+    with the job that is still running when they are enqueued (deliver jobs keep no result).
     """
-    return f"relay:deliver:{due.id}:{due.attempts}"
+    micros = (due.at - EPOCH) // timedelta(microseconds=1)
+    return f"relay:deliver:{due.id}:{due.attempts}:{micros}"
 
 
 class JobQueue:
