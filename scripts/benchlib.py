@@ -1,11 +1,13 @@
-"""Shared pieces of the benchmarks in this directory (``bench_ingest.py``, ``bench_relay.py``).
+"""Shared pieces of the scripts in this directory (``bench_ingest.py``, ``bench_relay.py``,
+``chaos.py``).
 
 - realistic callback bodies (:func:`build_events`, the mix in :data:`KIND_MIX`) and their
   serialized keep-alive POSTs (:func:`encode_requests`);
 - a lean load generator: ``--concurrency`` HTTP/1.1 keep-alive connections driven by asyncio
   protocol callbacks, one request in flight on each (:func:`open_connections`, :func:`drive`);
-- server subprocesses: start, wait until ready, stop (:func:`start_server`, :func:`wait_ready`,
-  :func:`stop_server`) and the `relay` command line (:func:`relay_command`, :func:`relay_argv`);
+- server subprocesses: start, wait until ready, stop or kill (:func:`start_server`,
+  :func:`wait_ready`, :func:`wait_redis_key`, :func:`stop_server`, :func:`kill_server`) and the
+  `relay` command line (:func:`relay_command`, :func:`relay_argv`);
 - small helpers: :func:`percentile_ms`, :func:`at_least`, :func:`loop_factory`.
 
 Everything talks to 127.0.0.1 only.
@@ -297,6 +299,13 @@ def start_server(
     return Server(name, process, port, log_path)
 
 
+def kill_server(server: Server) -> int:
+    """SIGKILL (the process gets no chance to clean up) and reap; returns the exit status."""
+    if server.process.poll() is None:
+        server.process.kill()
+    return server.process.wait()
+
+
 def stop_server(server: Server) -> int:
     """SIGTERM, then wait (SIGKILL after the grace period); returns the exit status."""
     if server.process.poll() is None:
@@ -334,6 +343,25 @@ async def wait_ready(server: Server, path: str) -> None:
             return
         await asyncio.sleep(POLL_INTERVAL_SECONDS)
     raise BenchError(f"{server.name} did not answer {path} in time:\n{server.log_tail()}")
+
+
+async def wait_redis_key(server: Server, url: str, key: str) -> None:
+    """Until ``key`` exists in the Redis database at ``url`` (e.g. the health-check key an arq
+    worker writes once its start-up has run); fails when ``server`` exits first."""
+    import redis.asyncio  # only the relay benchmarks need Redis
+
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                raise BenchError(f"{server.name} exited early:\n{server.log_tail()}")
+            if await client.exists(key):
+                return
+            await asyncio.sleep(POLL_INTERVAL_SECONDS)
+    finally:
+        await client.aclose()
+    raise BenchError(f"{server.name} did not start in time:\n{server.log_tail()}")
 
 
 def uvicorn_argv(app: str, port: int) -> list[str]:

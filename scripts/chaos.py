@@ -1,0 +1,1039 @@
+"""Fault-injection run: the scaled deployment under faults, then the sink reconciled with the store.
+
+What runs (everything on 127.0.0.1): a fresh PostgreSQL database ``chaos_<random>`` (created
+through the admin DSN ``--pg-admin-dsn``, migrated with ``relay db upgrade``, dropped at the end),
+two ``relay serve`` processes on two ports and two ``relay worker`` processes sharing it and one
+Redis database (``--redis-url``, default ``redis://127.0.0.1:6379/11``), and the recording sink
+``scripts/sink_app.py`` as the one HTTP destination: envelope format, ``timeout = "1s"``, the
+custom policy ``chaos`` (retries 1 s and 2 s after a failure, then every 2 s, give up after
+10 min), ``lease_margin = "2s"``, ``sweep_interval = "1s"``.
+
+The load: ``--events`` callbacks played by the simulator (``relay.simulator``: every scenario in
+turn, each instance in causal order), the scenario instances alternating between the two serve
+processes, one ``Platform`` each with the platform's own retry policies on a ``ScaledClock``
+(``--time-scale``; the default 0.1 spreads the three attempts of ``platform-status``, the
+shortest schedule, over 15 s): a callback that meets a serve process while it is down is retried
+until it is accepted. At most ``--events / --ingest-seconds`` callbacks are started per second,
+so that the faults below fall into the traffic also in short runs.
+
+What is injected, in this order, when the given share of the callbacks has been sent (each fault
+is printed with its time since the traffic started and its wall-clock time):
+
+1. 10 %: the sink answers every POST with HTTP 500 for ``--fault-seconds``, then recovers;
+2. 25 %: worker-1 is SIGKILLed and started again ``--restart-delay`` seconds later;
+3. 40 %: serve-2 is restarted (SIGTERM, wait for the exit, start again on the same port; the
+   platform's retries cover the gap);
+4. 55 %: FLUSHALL on Redis (every database of the server, as a lost Redis would be;
+   ``--flush db`` flushes only the run's database);
+5. 70 %: the sink answers only after ``--slow-seconds`` (2 s, longer than the destination's 1 s
+   timeout) for ``--fault-seconds``: the relay sees time-outs, the sink has the events anyway;
+6. 85 %: worker-2 is SIGKILLed and started again.
+
+At the end it waits (bounded by ``--timeout``) until every received event is routed and every
+delivery is succeeded or dead, then reconciles the sink's log (every POST with its webhook-id,
+arrival time and answer) with PostgreSQL (``received_events``, ``deliveries``) and prints:
+
+- accepted: rows in ``received_events`` (checked against the ids the receivers acknowledged to
+  the platform, and against the number of distinct callbacks the simulator sent);
+- delivered: distinct event ids the sink answered 2xx in time;
+- lost: accepted, never delivered and not dead (must be 0);
+- duplicates: 2xx answers beyond the first per event id (at least once), explained: after a
+  time-out (the relay never saw the answer), across a worker kill (sent, not yet recorded), or
+  unexplained (worth a look);
+- dead: deliveries given up by the policy;
+- max lag: seconds from ``received_at`` to the first in-time 2xx arrival at the sink.
+
+``--json`` prints one JSON object (``accepted``, ``delivered``, ``lost``, ``duplicates``,
+``dead``, ``max_lag_s``, ``faults``, ``duration_s`` and more). The exit status is 1 when anything
+was lost or a check failed (a callback given up by the platform, acknowledged ids missing from the
+store, deliveries still pending at the deadline), 2 when the run itself failed (a process did not
+start, ``--timeout`` expired). Every process, the database, the Redis database and the temp
+directory are cleaned up on every path, Ctrl-C and SIGTERM included.
+
+Run it with the project's interpreter (PostgreSQL and Redis on 127.0.0.1)::
+
+    python scripts/chaos.py [--events 20000] [--json] [--timeout 900] [--flush all|db]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import asyncpg
+import httpx
+import redis.asyncio
+from arq.constants import health_check_key_suffix, in_progress_key_prefix
+from benchlib import (
+    HOST,
+    POLL_INTERVAL_SECONDS,
+    BenchError,
+    Server,
+    at_least,
+    free_port,
+    kill_server,
+    relay_argv,
+    relay_command,
+    relay_env,
+    start_server,
+    stop_server,
+    uvicorn_argv,
+    wait_ready,
+    wait_redis_key,
+)
+
+from receivers.dedup import dedup_key
+from receivers.kinds import KINDS_BY_NAME
+from relay.jobs import QUEUE_NAME
+from relay.simulator.clocks import ScaledClock
+from relay.simulator.platform import CallbackResult, Platform
+from relay.simulator.run import RunOptions, run_units
+from relay.simulator.scenarios import SCENARIOS, Callback
+from relay.simulator.wire import Endpoint, prepare
+
+T = TypeVar("T")
+
+DEFAULT_PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+SOURCE = "default"
+DESTINATION = "sink"
+SINK_PATH = "/relay"
+DESTINATION_TIMEOUT_S = 1.0
+WORKER_HEALTH_KEY = QUEUE_NAME + health_check_key_suffix  # written by arq after on_startup
+IN_PROGRESS_MATCH = in_progress_key_prefix + "relay:deliver:*"
+FAULT_SHARES = (0.10, 0.25, 0.40, 0.55, 0.70, 0.85)
+STOP_GRACE_SECONDS = 20.0
+SETTLE_POLL_SECONDS = 0.5
+REPORT_MARGIN_SECONDS = 20.0  # kept from --timeout for the reconciliation and the clean-up
+LOG_PATTERNS = {
+    "tracebacks": re.compile(r"^Traceback"),
+    "lease expired during attempt": re.compile(r"lease of delivery .* expired"),
+    "dead deliveries": re.compile(r"delivery .* is dead"),
+    "sweep failed": re.compile(r"sweep failed"),
+    "arq max retries": re.compile(r"max retries"),
+    "job timeouts": re.compile(r"TimeoutError|timed out", re.IGNORECASE),
+    "errors": re.compile(r"\bERROR\b|\bError\b"),
+}
+
+
+# --- the deployment ------------------------------------------------------------------------------
+
+
+def require_local(url: str, what: str) -> None:
+    host = urlsplit(url).hostname
+    if host not in LOCAL_HOSTS:
+        raise BenchError(f"{what} must be on 127.0.0.1 (got host {host!r})")
+
+
+def write_config(
+    workdir: Path, database_url: str, redis_url: str, token: str, sink_url: str, concurrency: int
+) -> Path:
+    config = workdir / "relay.toml"
+    config.write_text(
+        f'database_url = "{database_url}"\n'
+        f'redis_url = "{redis_url}"\n'
+        'sweep_interval = "1s"\n'
+        'lease_margin = "2s"\n'
+        f"worker_concurrency = {concurrency}\n"
+        "\n"
+        f'[sources.{SOURCE}]\ntoken = "{token}"\n'
+        "\n"
+        f"[destinations.{DESTINATION}]\n"
+        'type = "http"\n'
+        f'url = "{sink_url}"\n'
+        'format = "envelope"\n'
+        f'timeout = "{DESTINATION_TIMEOUT_S:g}s"\n'
+        'policy = "chaos"\n'
+        "\n"
+        "[policies.chaos]\n"
+        'type = "delays"\n'
+        'delays = ["1s", "2s"]\n'
+        'then = "2s"\n'
+        'give_up_after = "10m"\n',
+        encoding="utf-8",
+    )
+    return config
+
+
+@dataclass
+class Fault:
+    """One injected fault: when (seconds since the traffic started, and wall clock) and what."""
+
+    t: float
+    at: float
+    name: str
+    detail: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "t_s": round(self.t, 2),
+            "at": datetime.fromtimestamp(self.at, UTC).isoformat(timespec="milliseconds"),
+            "fault": self.name,
+            "detail": self.detail,
+        }
+
+    def as_text(self) -> str:
+        clock = datetime.fromtimestamp(self.at).strftime("%H:%M:%S.%f")[:-3]
+        return f"t={self.t:7.2f}s  {clock}  {self.name}{': ' + self.detail if self.detail else ''}"
+
+
+class Deployment:
+    """The processes of the run: sink, serve-1/2, worker-1/2. Every process ever started is
+    kept in ``started`` (for the clean-up); ``current`` maps a role to its live process."""
+
+    def __init__(self, workdir: Path, redis_url: str) -> None:
+        self.workdir = workdir
+        self.redis_url = redis_url
+        self.env = relay_env()
+        self.started: list[Server] = []
+        self.current: dict[str, Server] = {}
+        self.argv: dict[str, list[str]] = {}
+        self.ports: dict[str, int] = {}
+        self.generation: Counter[str] = Counter()
+        self.faults: list[Fault] = []
+        self.t0 = time.monotonic()
+        self.quiet = False
+
+    def start(self, role: str) -> Server:
+        self.generation[role] += 1
+        name = f"{role}.{self.generation[role]}"
+        server = start_server(
+            name, self.argv[role], self.ports.get(role, 0), self.workdir, self.env
+        )
+        self.started.append(server)
+        self.current[role] = server
+        return server
+
+    async def start_ready(self, role: str) -> Server:
+        if role.startswith("worker"):
+            client = redis.asyncio.Redis.from_url(self.redis_url)
+            try:
+                await client.delete(WORKER_HEALTH_KEY)
+            finally:
+                await client.aclose()
+            server = self.start(role)
+            await wait_redis_key(server, self.redis_url, WORKER_HEALTH_KEY)
+            return server
+        server = self.start(role)
+        await wait_ready(server, "/_bench/healthz" if role == "sink" else "/readyz")
+        return server
+
+    def note(self, name: str, detail: str = "") -> Fault:
+        fault = Fault(time.monotonic() - self.t0, time.time(), name, detail)
+        self.faults.append(fault)
+        print(fault.as_text(), file=sys.stderr, flush=True)
+        return fault
+
+    def stop_all(self) -> None:
+        """Stop every process still running (serve and workers first, the sink last)."""
+        order = sorted(self.started, key=lambda server: server.name.startswith("sink"))
+        for server in order:
+            try:
+                if server.process.poll() is None:
+                    server.process.send_signal(signal.SIGTERM)
+                    try:
+                        server.process.wait(timeout=STOP_GRACE_SECONDS)
+                    except subprocess.TimeoutExpired:
+                        print(f"warning: {server.name} ignored SIGTERM; killed", file=sys.stderr)
+                        kill_server(server)
+                server.process.wait()
+            except Exception as exc:  # keep stopping the others
+                print(f"warning: stopping {server.name} failed: {exc}", file=sys.stderr)
+        self.current.clear()
+
+    def log_notes(self) -> dict[str, Any]:
+        """Counts of notable lines in every process's log, with a few samples."""
+        counts: Counter[str] = Counter()
+        samples: dict[str, list[str]] = {}
+        for server in self.started:
+            try:
+                lines = server.log_path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                for label, pattern in LOG_PATTERNS.items():
+                    if pattern.search(line):
+                        counts[label] += 1
+                        kept = samples.setdefault(label, [])
+                        if len(kept) < 3:
+                            kept.append(f"{server.name}: {line.strip()[:300]}")
+        return {"counts": dict(counts), "samples": samples}
+
+
+# --- the sink ------------------------------------------------------------------------------------
+
+
+class SinkControl:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://{HOST}:{port}"
+        self.url = self.base + SINK_PATH
+        self.client = httpx.AsyncClient(timeout=30, trust_env=False)
+
+    async def mode(self, mode: str, delay: float = 0.0) -> None:
+        answer = await self.client.post(
+            self.base + "/_bench/mode", json={"mode": mode, "delay": delay}
+        )
+        answer.raise_for_status()
+
+    async def answers(self) -> list[list[Any]]:
+        answer = await self.client.get(self.base + "/_bench/answers", timeout=120)
+        answer.raise_for_status()
+        return list(answer.json())
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+# --- the traffic ---------------------------------------------------------------------------------
+
+
+def plan_callbacks(total: int, seed: int) -> list[list[Callback]]:
+    """Scenario instances, every scenario in turn, cut so that there are ``total`` callbacks."""
+    rng = random.Random(seed)
+    names = list(SCENARIOS)
+    units: list[list[Callback]] = []
+    count = 0
+    while count < total:
+        unit = SCENARIOS[names[len(units) % len(names)]].build(rng, {})[: total - count]
+        units.append(unit)
+        count += len(unit)
+    return units
+
+
+def distinct_callbacks(units: Sequence[Sequence[Callback]]) -> int:
+    """How many events the callbacks are for the receivers (their dedup keys)."""
+    endpoint = Endpoint.parse(f"http://{HOST}/hooks")
+    keys = set()
+    for unit in units:
+        for callback in unit:
+            raw = prepare(callback, endpoint).body or b""
+            kind = KINDS_BY_NAME[callback.kind]
+            payload = kind.model.model_validate(callback.body).to_stored()  # as the receivers do
+            keys.add((callback.kind, dedup_key(kind, payload, raw)))
+    return len(keys)
+
+
+@dataclass
+class Traffic:
+    """What the platform saw."""
+
+    callbacks: int
+    distinct: int
+    results: list[CallbackResult] = field(default_factory=list)
+    acked_ids: set[str] = field(default_factory=set)
+    done: int = 0
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @property
+    def given_up(self) -> int:
+        return sum(result.given_up for result in self.results)
+
+    @property
+    def attempts(self) -> int:
+        return sum(len(result.attempts) for result in self.results)
+
+    @property
+    def failed_attempts(self) -> int:
+        return sum(
+            1
+            for result in self.results
+            for attempt in result.attempts
+            if attempt.status_code is None or attempt.status_code >= 300
+        )
+
+
+async def play(
+    traffic: Traffic,
+    units: Sequence[list[Callback]],
+    ports: Sequence[int],
+    token: str,
+    args: argparse.Namespace,
+) -> None:
+    """The platform: scenario instances alternate between the serve processes."""
+
+    async def capture(response: httpx.Response) -> None:
+        if response.status_code == 200 and response.request.url.path.startswith("/hooks"):
+            await response.aread()
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                traffic.acked_ids.add(str(response.json()["id"]))
+
+    def progress(count: int) -> None:
+        traffic.done += count
+
+    rate = args.events / args.ingest_seconds if args.ingest_seconds > 0 else None
+    options = RunOptions(
+        concurrency=args.concurrency, rate=rate / len(ports) if rate else None, shuffle=False
+    )
+    limits = httpx.Limits(max_connections=len(ports) * args.concurrency + 10)
+    clock = ScaledClock(args.time_scale)
+    async with httpx.AsyncClient(
+        limits=limits, trust_env=False, event_hooks={"response": [capture]}
+    ) as client:
+        platforms = [
+            Platform(
+                client,
+                Endpoint.parse(f"http://{HOST}:{port}/hooks?token={token}"),
+                clock=clock,
+                rng=random.Random(args.seed + number),
+            )
+            for number, port in enumerate(ports)
+        ]
+        shares = [list(units[number :: len(ports)]) for number in range(len(ports))]
+        try:
+            played = await asyncio.gather(
+                *(
+                    run_units(platform, share, options, progress)
+                    for platform, share in zip(platforms, shares, strict=True)
+                )
+            )
+        finally:
+            traffic.ended_at = time.monotonic()
+            traffic.finished.set()
+    traffic.results = [result for results in played for result in results]
+
+
+# --- the faults ----------------------------------------------------------------------------------
+
+
+async def inject_faults(
+    deployment: Deployment,
+    sink: SinkControl,
+    traffic: Traffic,
+    args: argparse.Namespace,
+) -> None:
+    """The faults, one after the other, each once its share of the traffic has been sent."""
+
+    async def reach(share: float) -> None:
+        while traffic.done < share * traffic.callbacks and not traffic.finished.is_set():
+            await asyncio.sleep(POLL_INTERVAL_SECONDS)
+
+    async def sink_fault(mode: str, delay: float, what: str) -> None:
+        await sink.mode(mode, delay)
+        deployment.note(f"sink {what}", f"for {args.fault_seconds:g} s")
+        try:
+            await asyncio.sleep(args.fault_seconds)
+        finally:
+            await sink.mode("ok")
+        deployment.note("sink recovers", "answers 200 at once again")
+
+    async def kill_worker(role: str) -> None:
+        server = deployment.current[role]
+        running = await jobs_in_progress(deployment.redis_url)
+        kill_server(server)
+        deployment.note(
+            f"SIGKILL {role}", f"pid {server.process.pid}; {running} jobs were running (2 workers)"
+        )
+        await asyncio.sleep(args.restart_delay)
+        began = time.monotonic()
+        server = await deployment.start_ready(role)
+        deployment.note(
+            f"{role} started again",
+            f"pid {server.process.pid}, ready in {time.monotonic() - began:.1f} s",
+        )
+
+    async def restart_serve(role: str) -> None:
+        server = deployment.current[role]
+        began = time.monotonic()
+        deployment.note(f"SIGTERM {role}", f"pid {server.process.pid}, port {server.port}")
+        status = await asyncio.to_thread(stop_server, server)  # SIGTERM, wait for the exit
+        stopped = time.monotonic()
+        server = await deployment.start_ready(role)
+        deployment.note(
+            f"{role} started again",
+            f"pid {server.process.pid}; the old one exited with {status} after "
+            f"{stopped - began:.1f} s, down {time.monotonic() - began:.1f} s in all",
+        )
+
+    async def flush() -> None:
+        client = redis.asyncio.Redis.from_url(deployment.redis_url)
+        try:
+            queued = await client.zcard(QUEUE_NAME)
+            if args.flush == "all":
+                await client.flushall()
+            else:
+                await client.flushdb()
+        finally:
+            await client.aclose()
+        what = "FLUSHALL" if args.flush == "all" else "FLUSHDB"
+        deployment.note(f"Redis {what}", f"{queued} jobs were queued or running")
+
+    steps: list[Callable[[], Coroutine[Any, Any, None]]] = [
+        lambda: sink_fault("fail", 0.0, "answers HTTP 500"),
+        lambda: kill_worker("worker-1"),
+        lambda: restart_serve("serve-2"),
+        flush,
+        lambda: sink_fault("slow", args.slow_seconds, f"answers after {args.slow_seconds:g} s"),
+        lambda: kill_worker("worker-2"),
+    ]
+    for share, step in zip(FAULT_SHARES, steps, strict=True):
+        await reach(share)
+        await step()
+
+
+async def jobs_in_progress(url: str) -> int:
+    """arq's in-progress markers of the relay's deliver jobs (of every worker)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        return len([key async for key in client.scan_iter(match=IN_PROGRESS_MATCH, count=1000)])
+    finally:
+        await client.aclose()
+
+
+# --- settling and the reconciliation -------------------------------------------------------------
+
+
+async def pending_work(conn: asyncpg.Connection) -> tuple[int, int, int]:
+    """(unrouted events, deliveries neither succeeded nor dead, events without a delivery)."""
+    unrouted = await conn.fetchval(
+        "SELECT count(*) FROM received_events e "
+        "LEFT JOIN routed_events r ON r.event_id = e.id WHERE r.event_id IS NULL"
+    )
+    open_ = await conn.fetchval(
+        "SELECT count(*) FROM deliveries WHERE status NOT IN ('succeeded', 'dead')"
+    )
+    missing = await conn.fetchval(
+        "SELECT count(*) FROM received_events e WHERE NOT EXISTS "
+        "(SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.destination = $1)",
+        DESTINATION,
+    )
+    return int(unrouted), int(open_), int(missing)
+
+
+async def settle(dsn: str, deadline: float, deployment: Deployment) -> bool:
+    """Until every event is routed and every delivery succeeded or dead (False at the deadline)."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        last_print = 0.0
+        while True:
+            unrouted, open_, missing = await pending_work(conn)
+            if not (unrouted or open_ or missing):
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if now - last_print >= 10:
+                last_print = now
+                print(
+                    f"t={now - deployment.t0:7.2f}s  waiting: {open_} deliveries open, "
+                    f"{unrouted} events unrouted, {missing} without a delivery",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            for role, server in deployment.current.items():
+                if server.process.poll() is not None:
+                    raise BenchError(f"{role} exited:\n{server.log_tail()}")
+            await asyncio.sleep(SETTLE_POLL_SECONDS)
+    finally:
+        await conn.close()
+
+
+@dataclass
+class Store:
+    received_at: dict[str, float]
+    statuses: dict[str, str]  # event id -> delivery status at the sink destination
+    attempts: dict[str, int]
+
+    @classmethod
+    async def read(cls, dsn: str) -> Store:
+        conn = await asyncpg.connect(dsn, timeout=10)
+        try:
+            events = await conn.fetch("SELECT id, received_at FROM received_events")
+            deliveries = await conn.fetch(
+                "SELECT event_id, status, attempts FROM deliveries WHERE destination = $1",
+                DESTINATION,
+            )
+        finally:
+            await conn.close()
+        return cls(
+            {row["id"]: row["received_at"].timestamp() for row in events},
+            {row["event_id"]: row["status"] for row in deliveries},
+            {row["event_id"]: row["attempts"] for row in deliveries},
+        )
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    if not values:
+        return math.nan
+    return sorted(values)[max(1, math.ceil(fraction * len(values))) - 1]
+
+
+@dataclass
+class Reconciliation:
+    accepted: int
+    delivered: int
+    lost: int
+    duplicates: int
+    dead: int
+    max_lag_s: float
+    lag_p50_s: float
+    lag_p99_s: float
+    duplicate_reasons: dict[str, int]
+    late_only: int
+    unknown_at_sink: int
+    succeeded_not_seen: int
+    sink_requests: Counter[str]
+    deliveries: Counter[str]
+    attempts_total: int
+    lost_ids: list[str]
+    unexplained: list[dict[str, Any]]
+
+    @classmethod
+    def compute(
+        cls, store: Store, answers: Sequence[Sequence[Any]], faults: Sequence[Fault]
+    ) -> Reconciliation:
+        kills = [fault.at for fault in faults if fault.name.startswith("SIGKILL")]
+        flushes = [fault.at for fault in faults if fault.name.startswith("Redis")]
+        in_time: dict[str, float] = {}  # first 2xx answered in time
+        successes: dict[str, list[tuple[float, str]]] = {}  # every 2xx: (arrival, mode)
+        sink_requests: Counter[str] = Counter()
+        for webhook_id, arrived, _received_at, status, mode in answers:
+            sink_requests[f"{mode} {status}"] += 1
+            if 200 <= status < 300:
+                successes.setdefault(webhook_id, []).append((float(arrived), mode))
+                if mode == "ok" and webhook_id not in in_time:
+                    in_time[webhook_id] = float(arrived)
+        accepted = set(store.received_at)
+        delivered = accepted & set(in_time)
+        dead = {event_id for event_id, status in store.statuses.items() if status == "dead"}
+        lost = accepted - delivered - dead
+        reasons: Counter[str] = Counter()
+        unexplained: list[dict[str, Any]] = []
+        for webhook_id, arrivals in successes.items():
+            for (before, mode), (after, _) in pairwise(arrivals):
+                if mode == "slow":
+                    reasons["after a time-out"] += 1
+                elif any(before <= kill <= after for kill in kills):
+                    reasons["across a worker kill"] += 1
+                elif any(before <= flush <= after for flush in flushes):
+                    reasons["across the Redis flush"] += 1
+                else:
+                    reasons["unexplained"] += 1
+                    if len(unexplained) < 10:
+                        unexplained.append(
+                            {
+                                "event_id": webhook_id,
+                                "arrivals": [round(a, 3) for a, _ in arrivals],
+                                "attempts": store.attempts.get(webhook_id),
+                            }
+                        )
+        lags = [in_time[event_id] - store.received_at[event_id] for event_id in delivered]
+        succeeded = {event_id for event_id, s in store.statuses.items() if s == "succeeded"}
+        return cls(
+            accepted=len(accepted),
+            delivered=len(delivered),
+            lost=len(lost),
+            duplicates=sum(len(arrivals) - 1 for arrivals in successes.values()),
+            dead=len(dead),
+            max_lag_s=max(lags, default=math.nan),
+            lag_p50_s=percentile(lags, 0.50),
+            lag_p99_s=percentile(lags, 0.99),
+            duplicate_reasons=dict(reasons),
+            late_only=len(set(successes) - set(in_time)),
+            unknown_at_sink=len(set(successes) - accepted),
+            succeeded_not_seen=len(succeeded - set(in_time)),
+            sink_requests=sink_requests,
+            deliveries=Counter(store.statuses.values()),
+            attempts_total=sum(store.attempts.values()),
+            lost_ids=sorted(lost)[:20],
+            unexplained=unexplained,
+        )
+
+
+# --- the whole run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    args: argparse.Namespace
+    traffic: Traffic
+    result: Reconciliation
+    faults: list[Fault]
+    settled: bool
+    duration_s: float
+    traffic_s: float
+    log_notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> list[str]:
+        r, t = self.result, self.traffic
+        found = []
+        if r.lost:
+            found.append(f"{r.lost} accepted events were never delivered")
+        if not self.settled:
+            found.append("deliveries were still open at the deadline")
+        if t.given_up:
+            found.append(f"the platform gave up on {t.given_up} callbacks")
+        if r.accepted != t.distinct:
+            found.append(f"{r.accepted} events stored for {t.distinct} distinct callbacks sent")
+        if len(t.acked_ids) != r.accepted:
+            found.append(f"{len(t.acked_ids)} distinct ids acknowledged, {r.accepted} stored")
+        if r.unknown_at_sink:
+            found.append(f"{r.unknown_at_sink} ids at the sink are not in the store")
+        if r.succeeded_not_seen:
+            found.append(f"{r.succeeded_not_seen} deliveries succeeded but the sink has no 2xx")
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        r, t = self.result, self.traffic
+        return {
+            "accepted": r.accepted,
+            "delivered": r.delivered,
+            "lost": r.lost,
+            "duplicates": r.duplicates,
+            "dead": r.dead,
+            "max_lag_s": _round(r.max_lag_s),
+            "lag_p50_s": _round(r.lag_p50_s),
+            "lag_p99_s": _round(r.lag_p99_s),
+            "callbacks": t.callbacks,
+            "distinct_callbacks": t.distinct,
+            "acked_ids": len(t.acked_ids),
+            "given_up": t.given_up,
+            "platform_attempts": t.attempts,
+            "platform_failed_attempts": t.failed_attempts,
+            "duplicate_reasons": r.duplicate_reasons,
+            "late_only": r.late_only,
+            "unknown_at_sink": r.unknown_at_sink,
+            "succeeded_not_seen": r.succeeded_not_seen,
+            "deliveries": dict(r.deliveries),
+            "delivery_attempts": r.attempts_total,
+            "sink_requests": dict(r.sink_requests),
+            "settled": self.settled,
+            "faults": [fault.as_json() for fault in self.faults],
+            "duration_s": round(self.duration_s, 1),
+            "traffic_s": round(self.traffic_s, 1),
+            "lost_ids": r.lost_ids,
+            "unexplained_duplicates": r.unexplained,
+            "log_notes": self.log_notes,
+            "problems": self.problems,
+        }
+
+    def as_text(self) -> str:
+        r, t = self.result, self.traffic
+        reasons = ", ".join(f"{why} {n}" for why, n in sorted(r.duplicate_reasons.items()))
+        statuses = ", ".join(f"{status} {n}" for status, n in sorted(r.deliveries.items()))
+        sink = ", ".join(f"{what} {n}" for what, n in sorted(r.sink_requests.items()))
+        lines = [
+            f"chaos run: {t.callbacks} callbacks to 2 serve processes, 2 workers, "
+            f"{self.duration_s:.1f} s in all (traffic {self.traffic_s:.1f} s)",
+            "faults:",
+            *(f"  {fault.as_text()}" for fault in self.faults),
+            "",
+            f"{'accepted':<22}{r.accepted:>8}   rows in received_events; distinct callbacks "
+            f"sent {t.distinct}, ids acked {len(t.acked_ids)}",
+            f"{'delivered':<22}{r.delivered:>8}   distinct event ids answered 2xx in time at "
+            "the sink",
+            f"{'lost':<22}{r.lost:>8}   accepted, never delivered, not dead",
+            f"{'duplicates delivered':<22}{r.duplicates:>8}   2xx answers beyond the first per "
+            f"event id: {reasons or 'none'}",
+            f"{'dead':<22}{r.dead:>8}",
+            f"{'max lag':<22}{r.max_lag_s:>8.1f} s received_at -> first in-time 2xx at the sink "
+            f"(p50 {r.lag_p50_s:.2f} s, p99 {r.lag_p99_s:.1f} s)",
+            "",
+            f"platform: {t.attempts} requests for {t.callbacks} callbacks "
+            f"({t.failed_attempts} failed and retried), given up {t.given_up}",
+            f"deliveries in SQL: {statuses}; {r.attempts_total} attempts recorded",
+            f"sink: {sink}",
+        ]
+        if r.duplicates:
+            lines.append(
+                "duplicates are at-least-once delivery at work: a time-out leaves the relay "
+                "without the sink's late 200, so it sends again; a worker killed between its POST "
+                "and recording the answer leaves the delivery leased, and arq re-runs the job once "
+                "the lease and the in-progress marker have expired"
+            )
+        if r.unexplained:
+            lines.append(f"unexplained duplicates (first ones): {json.dumps(r.unexplained)}")
+        if self.log_notes.get("counts"):
+            notes = ", ".join(f"{k} {v}" for k, v in sorted(self.log_notes["counts"].items()))
+            lines.append(f"process logs: {notes}")
+        problems = self.problems
+        lines.append("result: " + ("FAILED: " + "; ".join(problems) if problems else "ok"))
+        return "\n".join(lines)
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 2)
+
+
+async def admin_execute(dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def run_async(
+    args: argparse.Namespace, deployment: Deployment, database: str, deadline: float
+) -> Report:
+    base = args.pg_admin_dsn.rsplit("/", 1)[0]
+    dsn = f"{base}/{database}"
+    database_url = dsn.replace("postgresql://", "postgresql+asyncpg://", 1)
+    workdir = deployment.workdir
+    flush_client = redis.asyncio.Redis.from_url(args.redis_url, socket_connect_timeout=5)
+    try:
+        await flush_client.flushdb()
+    except (redis.RedisError, OSError) as exc:
+        raise BenchError(f"Redis at {args.redis_url} is not usable: {exc}") from None
+    finally:
+        await flush_client.aclose()
+
+    sink_port = free_port()
+    deployment.ports["sink"] = sink_port
+    deployment.argv["sink"] = uvicorn_argv("sink_app:app", sink_port)
+    await deployment.start_ready("sink")
+    sink = SinkControl(sink_port)
+    try:
+        token = secrets.token_urlsafe(24)
+        config = write_config(
+            workdir, database_url, args.redis_url, token, sink.url, args.worker_concurrency
+        )
+        upgrade = await asyncio.to_thread(
+            subprocess.run,
+            [*relay_command(), "db", "upgrade", "--config", str(config)],
+            cwd=workdir,
+            env=deployment.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if upgrade.returncode != 0:
+            raise BenchError(f"relay db upgrade failed:\n{upgrade.stdout}{upgrade.stderr}")
+        for role in ("serve-1", "serve-2"):
+            deployment.ports[role] = free_port()
+            deployment.argv[role] = relay_argv(deployment.ports[role], config)
+        worker_argv = [*relay_command(), "worker", "--config", str(config)]
+        deployment.argv["worker-1"] = deployment.argv["worker-2"] = worker_argv
+        for role in ("serve-1", "serve-2", "worker-1", "worker-2"):
+            await deployment.start_ready(role)
+
+        units = plan_callbacks(args.events, args.seed)
+        traffic = Traffic(callbacks=sum(map(len, units)), distinct=distinct_callbacks(units))
+        ports = [deployment.ports["serve-1"], deployment.ports["serve-2"]]
+        deployment.t0 = traffic.started_at = time.monotonic()
+        print(
+            f"t=   0.00s  traffic starts: {traffic.callbacks} callbacks "
+            f"({traffic.distinct} distinct) to ports {ports[0]} and {ports[1]}",
+            file=sys.stderr,
+            flush=True,
+        )
+        player = asyncio.create_task(play(traffic, units, ports, token, args))
+        injector = asyncio.create_task(inject_faults(deployment, sink, traffic, args))
+        try:
+            await asyncio.gather(player, injector)
+        finally:
+            for task in (player, injector):
+                task.cancel()
+            await asyncio.gather(player, injector, return_exceptions=True)
+        deployment.note(
+            "traffic done",
+            f"{traffic.attempts} requests, given up {traffic.given_up}, "
+            f"{len(traffic.acked_ids)} ids acknowledged",
+        )
+        settled = await settle(dsn, deadline - REPORT_MARGIN_SECONDS, deployment)
+        deployment.note("settled" if settled else "deadline: deliveries still open")
+        store = await Store.read(dsn)
+        answers = await sink.answers()
+    finally:
+        await sink.aclose()
+    result = Reconciliation.compute(store, answers, deployment.faults)
+    return Report(
+        args,
+        traffic,
+        result,
+        [fault for fault in deployment.faults if fault.name not in ("traffic done", "settled")],
+        settled,
+        duration_s=0.0,
+        traffic_s=traffic.ended_at - traffic.started_at,
+    )
+
+
+async def bounded(coroutine: Coroutine[Any, Any, T], deadline: float) -> T:
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+            return await coroutine
+    except TimeoutError:
+        raise BenchError("the run took longer than --timeout") from None
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the run like Ctrl-C does, so that the clean-up still runs."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def drop_database(admin_dsn: str, database: str) -> None:
+    try:
+        asyncio.run(admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        print(f"warning: could not drop database {database}: {exc}", file=sys.stderr)
+
+
+def flush_run_database(url: str) -> None:
+    async def flush() -> None:
+        client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=5)
+        try:
+            await client.flushdb()
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(flush())
+    except (redis.RedisError, OSError) as exc:
+        print(f"warning: could not flush {url}: {exc}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace, workdir: Path) -> Report:
+    started = time.monotonic()
+    deadline = started + args.timeout
+    require_local(args.pg_admin_dsn, "PostgreSQL")
+    require_local(args.redis_url, "Redis")
+    database = f"chaos_{secrets.token_hex(6)}"
+    deployment = Deployment(workdir, args.redis_url)
+    created = False
+    with sigterm_interrupts():
+        try:
+            try:
+                asyncio.run(admin_execute(args.pg_admin_dsn, f'CREATE DATABASE "{database}"'))
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                raise BenchError(
+                    f"PostgreSQL at {args.pg_admin_dsn} is not usable: {exc}"
+                ) from None
+            created = True
+            print(f"database {database}, work directory {workdir}", file=sys.stderr, flush=True)
+            with asyncio.Runner() as runner:
+                report = runner.run(
+                    bounded(run_async(args, deployment, database, deadline), deadline)
+                )
+        finally:
+            deployment.stop_all()
+            if args.keep_logs is not None:
+                args.keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in workdir.glob("*.log"):
+                    shutil.copy2(log, args.keep_logs / log.name)
+            if created:
+                drop_database(args.pg_admin_dsn, database)
+            flush_run_database(args.redis_url)
+    report.log_notes = deployment.log_notes()
+    report.duration_s = time.monotonic() - started
+    return report
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=at_least(1), default=20_000, help="callbacks to send")
+    parser.add_argument("--timeout", type=float, default=900.0, help="overall limit, seconds")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--seed", type=int, default=20260301, help="scenario generator seed")
+    parser.add_argument(
+        "--ingest-seconds",
+        type=float,
+        default=40.0,
+        help="spread the callbacks over at least this long (0: as fast as possible)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=at_least(1),
+        default=25,
+        help="scenario instances in flight per serve process",
+    )
+    parser.add_argument(
+        "--worker-concurrency", type=at_least(1), default=50, help="per relay worker"
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.1,
+        help="the platform's clock: its retry delays take this share of real time",
+    )
+    parser.add_argument(
+        "--fault-seconds",
+        type=float,
+        default=5.0,
+        help="how long the sink fails (500) and how long it times out",
+    )
+    parser.add_argument(
+        "--slow-seconds", type=float, default=2.0, help="the sink's answer delay while timing out"
+    )
+    parser.add_argument(
+        "--restart-delay", type=float, default=1.0, help="seconds between a kill and the restart"
+    )
+    parser.add_argument(
+        "--flush",
+        choices=["all", "db"],
+        default="all",
+        help="all: FLUSHALL (every Redis database); db: FLUSHDB of the run's database only",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("RELAY_CHAOS_REDIS_URL", DEFAULT_REDIS_URL),
+        help="the Redis database the relay uses (flushed at the start and the end)",
+    )
+    parser.add_argument(
+        "--pg-admin-dsn",
+        default=os.environ.get("RELAY_TEST_PG_DSN", DEFAULT_PG_ADMIN_DSN),
+        help="where to CREATE and DROP the run's database",
+    )
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, metavar="DIR", help="copy the process logs here"
+    )
+    args = parser.parse_args(argv)
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be positive")
+    if args.slow_seconds <= DESTINATION_TIMEOUT_S:
+        parser.error(
+            f"--slow-seconds must exceed the destination timeout ({DESTINATION_TIMEOUT_S} s)"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        try:
+            report = run(args, Path(tmp))
+        except BenchError as exc:
+            print(f"chaos: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: everything has been cleaned up by now
+            print("chaos: interrupted", file=sys.stderr)
+            return 130
+        except Exception:  # cleaned up as well; the run failed, not a check
+            traceback.print_exc()
+            print("chaos: the run failed", file=sys.stderr)
+            return 2
+    print(json.dumps(report.as_json()) if args.json else report.as_text())
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
