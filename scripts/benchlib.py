@@ -9,6 +9,7 @@
   :func:`wait_ready`, :func:`wait_redis_key`, :func:`stop_server`, :func:`kill_server`) and the
   `relay` command line (:func:`relay_command`, :func:`relay_argv`);
 - small helpers: :func:`percentile_ms`, :func:`at_least`, :func:`loop_factory`.
+- CPU accounting from /proc: :func:`process_cpu_seconds`, :func:`machine_cpu_seconds`.
 
 Everything talks to 127.0.0.1 only.
 """
@@ -459,3 +460,26 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return cast(Callable[[], asyncio.AbstractEventLoop], uvloop.new_event_loop)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc); NaN when unreadable (gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores (/proc/stat);
+    NaNs when unreadable. Busy is everything but idle and iowait."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return math.nan, math.nan
+    ticks = [int(value) for value in first[1:]]
+    total = sum(ticks[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
+    idle = ticks[3] + ticks[4]
+    hertz = os.sysconf("SC_CLK_TCK")
+    return (total - idle) / hertz, total / hertz

@@ -43,16 +43,30 @@ arrival time and answer) with PostgreSQL (``received_events``, ``deliveries``) a
 - dead: deliveries given up by the policy;
 - max lag: seconds from ``received_at`` to the first in-time 2xx arrival at the sink.
 
+Throughput (the faults slow it down; see ``--no-faults``): ``events_per_s`` = accepted events /
+(last first-in-time delivery arriving at the sink - first callback sent), i.e. end to end through
+ingest, routing, queueing and delivery; ``ingest_per_s`` = accepted events / the platform's
+traffic time (first callback sent to the last answer, retries included).
+
 ``--json`` prints one JSON object (``accepted``, ``delivered``, ``lost``, ``duplicates``,
-``dead``, ``max_lag_s``, ``faults``, ``duration_s`` and more). The exit status is 1 when anything
-was lost or a check failed (a callback given up by the platform, acknowledged ids missing from the
-store, deliveries still pending at the deadline), 2 when the run itself failed (a process did not
-start, ``--timeout`` expired). Every process, the database, the Redis database and the temp
-directory are cleaned up on every path, Ctrl-C and SIGTERM included.
+``dead``, ``max_lag_s``, ``faults``, ``duration_s``, ``events_per_s``, ``ingest_per_s`` and
+more). The exit status is 1 when anything was lost or a check failed (a callback given up by the
+platform, acknowledged ids missing from the store, deliveries still pending at the deadline), 2
+when the run itself failed (a process did not start, ``--timeout`` expired). Every process, the
+database, the Redis database and the temp directory are cleaned up on every path, Ctrl-C and
+SIGTERM included.
+
+Other shapes of the deployment: ``--servers N`` / ``--workers M`` (default 2 and 2; the faults
+need at least 2 of each). ``--no-faults`` injects nothing (the sink always answers 200 at once)
+and, unless ``--ingest-seconds`` / ``--time-scale`` are given, sends the callbacks as fast as
+``--concurrency`` allows (no rate limit; the platform's retry delays shrunk to 1/1000): a
+throughput run of the same deployment, with the same reconciliation. The report also gives the
+cores each role kept busy (``cpu_cores``; ``rest`` is PostgreSQL, Redis and anything else).
 
 Run it with the project's interpreter (PostgreSQL and Redis on 127.0.0.1)::
 
     python scripts/chaos.py [--events 20000] [--json] [--timeout 900] [--flush all|db]
+    python scripts/chaos.py --no-faults --servers 1 --workers 1 --events 5000
 """
 
 from __future__ import annotations
@@ -94,6 +108,8 @@ from benchlib import (
     at_least,
     free_port,
     kill_server,
+    machine_cpu_seconds,
+    process_cpu_seconds,
     relay_argv,
     relay_command,
     relay_env,
@@ -127,6 +143,10 @@ IN_PROGRESS_MATCH = in_progress_key_prefix + "relay:deliver:*"
 FAULT_SHARES = (0.10, 0.25, 0.40, 0.55, 0.70, 0.85)
 STOP_GRACE_SECONDS = 20.0
 SETTLE_POLL_SECONDS = 0.5
+DEFAULT_INGEST_SECONDS = 40.0
+DEFAULT_TIME_SCALE = 0.1
+# --no-faults: a retry (e.g. numinfo answered after its 2 s budget) waits 1 min * 0.001 = 60 ms.
+NO_FAULTS_TIME_SCALE = 0.001
 REPORT_MARGIN_SECONDS = 20.0  # kept from --timeout for the reconciliation and the clean-up
 LOG_PATTERNS = {
     "tracebacks": re.compile(r"^Traceback"),
@@ -201,7 +221,7 @@ class Fault:
 
 
 class Deployment:
-    """The processes of the run: sink, serve-1/2, worker-1/2. Every process ever started is
+    """The processes of the run: sink, serve-1..N, worker-1..M. Every process ever started is
     kept in ``started`` (for the clean-up); ``current`` maps a role to its live process."""
 
     def __init__(self, workdir: Path, redis_url: str) -> None:
@@ -263,6 +283,18 @@ class Deployment:
             except Exception as exc:  # keep stopping the others
                 print(f"warning: stopping {server.name} failed: {exc}", file=sys.stderr)
         self.current.clear()
+
+    def cpu_snapshot(self) -> dict[str, float]:
+        """CPU seconds so far: every live process by name, this process (``driver``: the
+        simulator and the checks) and the whole machine (``machine``, all cores)."""
+        snapshot = {
+            server.name: process_cpu_seconds(server.process.pid)
+            for server in self.started
+            if server.process.poll() is None
+        }
+        snapshot["driver"] = time.process_time()
+        snapshot["machine"] = machine_cpu_seconds()[0]
+        return snapshot
 
     def log_notes(self) -> dict[str, Any]:
         """Counts of notable lines in every process's log, with a few samples."""
@@ -348,6 +380,7 @@ class Traffic:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = 0.0
     ended_at: float = 0.0
+    started_wall: float = 0.0  # time.time() of the start, the sink's clock
 
     @property
     def given_up(self) -> int:
@@ -446,7 +479,8 @@ async def inject_faults(
         running = await jobs_in_progress(deployment.redis_url)
         kill_server(server)
         deployment.note(
-            f"SIGKILL {role}", f"pid {server.process.pid}; {running} jobs were running (2 workers)"
+            f"SIGKILL {role}",
+            f"pid {server.process.pid}; {running} jobs were running ({args.workers} workers)",
         )
         await asyncio.sleep(args.restart_delay)
         began = time.monotonic()
@@ -493,6 +527,10 @@ async def inject_faults(
     for share, step in zip(FAULT_SHARES, steps, strict=True):
         await reach(share)
         await step()
+
+
+async def no_faults() -> None:
+    """--no-faults: nothing is injected; the sink stays healthy."""
 
 
 async def jobs_in_progress(url: str) -> int:
@@ -601,6 +639,7 @@ class Reconciliation:
     attempts_total: int
     lost_ids: list[str]
     unexplained: list[dict[str, Any]]
+    last_delivery_at: float = math.nan  # time.time() of the last first in-time 2xx
 
     @classmethod
     def compute(
@@ -661,6 +700,7 @@ class Reconciliation:
             attempts_total=sum(store.attempts.values()),
             lost_ids=sorted(lost)[:20],
             unexplained=unexplained,
+            last_delivery_at=max((in_time[event_id] for event_id in delivered), default=math.nan),
         )
 
 
@@ -677,6 +717,7 @@ class Report:
     duration_s: float
     traffic_s: float
     log_notes: dict[str, Any] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def problems(self) -> list[str]:
@@ -697,6 +738,17 @@ class Report:
         if r.succeeded_not_seen:
             found.append(f"{r.succeeded_not_seen} deliveries succeeded but the sink has no 2xx")
         return found
+
+    @property
+    def events_per_s(self) -> float:
+        """Accepted events / (last delivery arriving at the sink - first callback sent)."""
+        window = self.result.last_delivery_at - self.traffic.started_wall
+        return self.result.accepted / window if window > 0 else math.nan
+
+    @property
+    def ingest_per_s(self) -> float:
+        """Accepted events / the platform's traffic time."""
+        return self.result.accepted / self.traffic_s if self.traffic_s > 0 else math.nan
 
     def as_json(self) -> dict[str, Any]:
         r, t = self.result, self.traffic
@@ -726,6 +778,15 @@ class Report:
             "faults": [fault.as_json() for fault in self.faults],
             "duration_s": round(self.duration_s, 1),
             "traffic_s": round(self.traffic_s, 1),
+            "events_per_s": _round(self.events_per_s),
+            "ingest_per_s": _round(self.ingest_per_s),
+            "delivery_window_s": _round(r.last_delivery_at - t.started_wall),
+            "servers": self.args.servers,
+            "workers": self.args.workers,
+            "faults_injected": not self.args.no_faults,
+            "time_scale": self.args.time_scale,
+            "ingest_seconds": self.args.ingest_seconds,
+            "cpu_cores": self.cpu,
             "lost_ids": r.lost_ids,
             "unexplained_duplicates": r.unexplained,
             "log_notes": self.log_notes,
@@ -738,9 +799,10 @@ class Report:
         statuses = ", ".join(f"{status} {n}" for status, n in sorted(r.deliveries.items()))
         sink = ", ".join(f"{what} {n}" for what, n in sorted(r.sink_requests.items()))
         lines = [
-            f"chaos run: {t.callbacks} callbacks to 2 serve processes, 2 workers, "
-            f"{self.duration_s:.1f} s in all (traffic {self.traffic_s:.1f} s)",
-            "faults:",
+            f"chaos run: {t.callbacks} callbacks to {self.args.servers} serve processes, "
+            f"{self.args.workers} workers, {self.duration_s:.1f} s in all "
+            f"(traffic {self.traffic_s:.1f} s)",
+            "faults:" if self.faults else "faults: none injected (--no-faults)",
             *(f"  {fault.as_text()}" for fault in self.faults),
             "",
             f"{'accepted':<22}{r.accepted:>8}   rows in received_events; distinct callbacks "
@@ -758,7 +820,15 @@ class Report:
             f"({t.failed_attempts} failed and retried), given up {t.given_up}",
             f"deliveries in SQL: {statuses}; {r.attempts_total} attempts recorded",
             f"sink: {sink}",
+            f"throughput: {self.events_per_s:.1f} events/s end to end (first callback sent -> "
+            f"last delivery at the sink, {r.last_delivery_at - t.started_wall:.1f} s), "
+            f"ingest {self.ingest_per_s:.1f} events/s",
         ]
+        if self.cpu:
+            lines.append(
+                "cpu, cores busy from the traffic's start to settled: "
+                + ", ".join(f"{name} {value:g}" for name, value in self.cpu.items())
+            )
         if r.duplicates:
             lines.append(
                 "duplicates are at-least-once delivery at work: a time-out leaves the relay "
@@ -774,6 +844,24 @@ class Report:
         problems = self.problems
         lines.append("result: " + ("FAILED: " + "; ".join(problems) if problems else "ok"))
         return "\n".join(lines)
+
+
+def cpu_cores(
+    before: dict[str, float], after: dict[str, float], seconds: float
+) -> dict[str, float]:
+    """Cores busy on average between two snapshots, per role (serve, worker, sink: summed over
+    their processes; a process killed in between is missing), the driver, the machine, and the
+    rest of the machine (PostgreSQL, Redis, anything else running)."""
+    if seconds <= 0:
+        return {}
+    cores: Counter[str] = Counter()
+    for name, spent in after.items():
+        used = spent - before.get(name, 0.0)
+        if not math.isnan(used):
+            cores[name.split(".")[0].split("-")[0]] += used / seconds
+    cores["rest"] = cores["machine"] - sum(v for k, v in cores.items() if k != "machine")
+    cores["cores"] = os.cpu_count() or math.nan
+    return {name: round(value, 2) for name, value in cores.items()}
 
 
 def _round(value: float) -> float | None:
@@ -824,26 +912,33 @@ async def run_async(
         )
         if upgrade.returncode != 0:
             raise BenchError(f"relay db upgrade failed:\n{upgrade.stdout}{upgrade.stderr}")
-        for role in ("serve-1", "serve-2"):
+        serves = [f"serve-{number}" for number in range(1, args.servers + 1)]
+        workers = [f"worker-{number}" for number in range(1, args.workers + 1)]
+        for role in serves:
             deployment.ports[role] = free_port()
             deployment.argv[role] = relay_argv(deployment.ports[role], config)
         worker_argv = [*relay_command(), "worker", "--config", str(config)]
-        deployment.argv["worker-1"] = deployment.argv["worker-2"] = worker_argv
-        for role in ("serve-1", "serve-2", "worker-1", "worker-2"):
+        for role in workers:
+            deployment.argv[role] = worker_argv
+        for role in [*serves, *workers]:
             await deployment.start_ready(role)
 
         units = plan_callbacks(args.events, args.seed)
         traffic = Traffic(callbacks=sum(map(len, units)), distinct=distinct_callbacks(units))
-        ports = [deployment.ports["serve-1"], deployment.ports["serve-2"]]
-        deployment.t0 = traffic.started_at = time.monotonic()
+        ports = [deployment.ports[role] for role in serves]
         print(
             f"t=   0.00s  traffic starts: {traffic.callbacks} callbacks "
-            f"({traffic.distinct} distinct) to ports {ports[0]} and {ports[1]}",
+            f"({traffic.distinct} distinct) to ports {', '.join(map(str, ports))}",
             file=sys.stderr,
             flush=True,
         )
+        cpu_before = deployment.cpu_snapshot()
+        deployment.t0 = traffic.started_at = time.monotonic()
+        traffic.started_wall = time.time()
         player = asyncio.create_task(play(traffic, units, ports, token, args))
-        injector = asyncio.create_task(inject_faults(deployment, sink, traffic, args))
+        injector = asyncio.create_task(
+            no_faults() if args.no_faults else inject_faults(deployment, sink, traffic, args)
+        )
         try:
             await asyncio.gather(player, injector)
         finally:
@@ -856,6 +951,9 @@ async def run_async(
             f"{len(traffic.acked_ids)} ids acknowledged",
         )
         settled = await settle(dsn, deadline - REPORT_MARGIN_SECONDS, deployment)
+        cpu = cpu_cores(
+            cpu_before, deployment.cpu_snapshot(), time.monotonic() - traffic.started_at
+        )
         deployment.note("settled" if settled else "deadline: deliveries still open")
         store = await Store.read(dsn)
         answers = await sink.answers()
@@ -870,6 +968,7 @@ async def run_async(
         settled,
         duration_s=0.0,
         traffic_s=traffic.ended_at - traffic.started_at,
+        cpu=cpu,
     )
 
 
@@ -957,8 +1056,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ingest-seconds",
         type=float,
-        default=40.0,
-        help="spread the callbacks over at least this long (0: as fast as possible)",
+        default=None,
+        help="spread the callbacks over at least this long (0: as fast as possible); "
+        f"default {DEFAULT_INGEST_SECONDS:g}, or 0 with --no-faults",
+    )
+    parser.add_argument(
+        "--no-faults",
+        action="store_true",
+        help="inject no fault (the sink always answers 200 at once): a throughput run",
+    )
+    parser.add_argument(
+        "--servers", type=at_least(1), default=2, help="relay serve processes (default 2)"
+    )
+    parser.add_argument(
+        "--workers", type=at_least(1), default=2, help="relay worker processes (default 2)"
     )
     parser.add_argument(
         "--concurrency",
@@ -972,8 +1083,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--time-scale",
         type=float,
-        default=0.1,
-        help="the platform's clock: its retry delays take this share of real time",
+        default=None,
+        help="the platform's clock: its retry delays take this share of real time; "
+        f"default {DEFAULT_TIME_SCALE:g}, or {NO_FAULTS_TIME_SCALE:g} with --no-faults",
     )
     parser.add_argument(
         "--fault-seconds",
@@ -1007,6 +1119,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--keep-logs", type=Path, default=None, metavar="DIR", help="copy the process logs here"
     )
     args = parser.parse_args(argv)
+    if args.time_scale is None:
+        args.time_scale = NO_FAULTS_TIME_SCALE if args.no_faults else DEFAULT_TIME_SCALE
+    if args.ingest_seconds is None:
+        args.ingest_seconds = 0.0 if args.no_faults else DEFAULT_INGEST_SECONDS
+    if not args.no_faults and (args.servers < 2 or args.workers < 2):
+        parser.error("the faults need --servers and --workers of at least 2 (or --no-faults)")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
     if args.slow_seconds <= DESTINATION_TIMEOUT_S:
