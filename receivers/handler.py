@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -10,12 +10,14 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from pydantic import ValidationError
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 
 from receivers.auth import (
     TOKEN_PARAM,
     AuthFailure,
+    IPAddress,
     check_address,
     check_credentials,
     check_signature,
@@ -27,13 +29,16 @@ from receivers.dedup import dedup_key
 from receivers.kinds import Kind
 from receivers.metrics import Counters
 from receivers.problems import Problem
-from receivers.sources import SourceConfig
+from receivers.sources import Network, SourceConfig
 from receivers.store.writer import Arrival, EventWriter, Rejection, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = "5"
 STRUCTURED_QUERY_FIELDS = frozenset({"contentList", "parts"})
+CACHE_SIZE = 256
+ANSWER = '{{"id": "{id}", "kind": "{kind}", "status": "accepted"}}'
+"""The 200 body, as ``json.dumps`` renders it: event ids are UUIDs, kinds dotted names."""
 
 
 class HookEndpoint:
@@ -57,6 +62,16 @@ class HookEndpoint:
         self.writer = writer
         self.counters = counters
         self.clock = clock
+        self._callbacks_total = {
+            (kind.name, duplicate): counters.key(
+                "relay_callbacks_total",
+                source=source_name,
+                kind=kind.name,
+                outcome="duplicate" if duplicate else "stored",
+            )
+            for kind in kinds
+            for duplicate in (False, True)
+        }
 
     async def handle(self, request: Request) -> Response:
         """Answer one callback."""
@@ -81,23 +96,30 @@ class HookEndpoint:
             return problem.response()
 
     async def _handle(self, request: Request) -> Response:
-        peer = request.client.host if request.client else None
-        address = client_address(
-            peer, request.headers.get("x-forwarded-for"), self.config.trusted_proxies
+        scope = request.scope
+        headers = request.headers
+        client = scope.get("client")
+        address, remote_addr = _caller(
+            client[0] if client else None,
+            headers.get("x-forwarded-for"),
+            self.config.trusted_proxies,
         )
-        remote_addr = str(address) if address is not None else None
         check_address(self.source, address)
-        check_credentials(self.source, request.headers, request.query_params)
+        query_string = scope.get("query_string", b"")
+        is_get = request.method == "GET"
+        query = QueryParams(query_string) if is_get else _post_query(query_string)
+        check_credentials(self.source, headers, query)
 
-        if request.method == "GET":
-            raw = _query_without_token(request.scope.get("query_string", b""))
+        if is_get:
+            raw = _query_without_token(query_string)
             content_type = None
-            params = {k: v for k, v in request.query_params.items() if k != TOKEN_PARAM}
+            params = {k: v for k, v in query.items() if k != TOKEN_PARAM}
             data: Any = query_as_payload(params, STRUCTURED_QUERY_FIELDS)
         else:
             raw = await read_body(request, self.config.max_body_bytes)
-            check_signature(self.source, request.headers, raw, self.clock())
-            content_type = request.headers.get("content-type")
+            if self.source.signature_secret:
+                check_signature(self.source, headers, raw, self.clock())
+            content_type = headers.get("content-type")
             try:
                 data = decode_json(raw)
             except Undecodable as problem:
@@ -145,12 +167,9 @@ class HookEndpoint:
                 remote_addr=remote_addr,
             )
         )
-        outcome = "duplicate" if receipt.duplicate else "stored"
-        self.counters.inc(
-            "relay_callbacks_total", source=self.source_name, kind=kind.name, outcome=outcome
-        )
-        answer = {"id": receipt.event_id, "kind": kind.name, "status": "accepted"}
-        return Response(json.dumps(answer).encode(), media_type="application/json")
+        self.counters.add(self._callbacks_total[kind.name, receipt.duplicate])
+        answer = ANSWER.format(id=receipt.event_id, kind=kind.name)
+        return Response(answer.encode(), media_type="application/json")
 
     def _dispatch(self, data: Any) -> Kind:
         if isinstance(data, dict):
@@ -185,6 +204,22 @@ class HookEndpoint:
                 remote_addr=remote_addr,
             )
         )
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _caller(
+    peer: str | None, forwarded_for: str | None, trusted_proxies: Sequence[Network]
+) -> tuple[IPAddress | None, str | None]:
+    """The caller's address and its text (callers are few, so this is cached)."""
+    address = client_address(peer, forwarded_for, trusted_proxies)
+    return address, str(address) if address is not None else None
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _post_query(query_string: bytes) -> QueryParams:
+    """The parsed query of a POST: the callbacks of one source all carry the same (the token),
+    so it is cached. A GET's query is its payload, never cached."""
+    return QueryParams(query_string)
 
 
 def _field_errors(exc: ValidationError) -> list[dict[str, Any]]:

@@ -5,21 +5,31 @@ from __future__ import annotations
 from collections import Counter
 
 LabelSet = tuple[tuple[str, str], ...]
+CounterKey = tuple[str, LabelSet]
 
 
 class Counters:
     """Monotonic counters keyed by name and labels; one instance per app."""
 
     def __init__(self) -> None:
-        self._values: Counter[tuple[str, LabelSet]] = Counter()
+        self._values: Counter[CounterKey] = Counter()
+
+    @staticmethod
+    def key(name: str, **labels: str) -> CounterKey:
+        """The key of one counter, for :meth:`add` on hot paths."""
+        return (name, tuple(sorted(labels.items())))
+
+    def add(self, key: CounterKey, amount: int = 1) -> None:
+        """Add ``amount`` to the counter with this key."""
+        self._values[key] += amount
 
     def inc(self, name: str, amount: int = 1, **labels: str) -> None:
         """Add ``amount`` to the counter ``name`` with these labels."""
-        self._values[(name, tuple(sorted(labels.items())))] += amount
+        self._values[self.key(name, **labels)] += amount
 
     def get(self, name: str, **labels: str) -> int:
         """The current value of one counter."""
-        return self._values[(name, tuple(sorted(labels.items())))]
+        return self._values[self.key(name, **labels)]
 
     def render(self) -> str:
         """All counters in Prometheus exposition format."""

@@ -6,7 +6,7 @@ import asyncio
 import base64
 import json
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -40,9 +40,13 @@ def _settings(config_file: str | None) -> Settings:
         raise click.ClickException(str(exc)) from None
 
 
-def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+def _run(
+    coroutine: Coroutine[Any, Any, T],
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
     try:
-        return asyncio.run(coroutine)
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(coroutine)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
@@ -77,12 +81,20 @@ def main() -> None:
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
+@click.option(
+    "--access-log/--no-access-log", default=True, show_default=True, help="Log every request."
+)
 @config_option
-def serve(host: str, port: int, log_level: str, config_file: str | None) -> None:
+def serve(host: str, port: int, log_level: str, access_log: bool, config_file: str | None) -> None:
     """Run the receivers (and the embedded relay worker) with uvicorn."""
+    from relay.serve import event_loop_factory
     from relay.serve import serve as run_server
 
-    _run(run_server(_settings(config_file), host, port, log_level))
+    settings = _settings(config_file)
+    _run(
+        run_server(settings, host, port, log_level, access_log=access_log),
+        loop_factory=event_loop_factory(),
+    )
 
 
 @main.command()

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import and_, delete, func, insert, literal, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.ids import new_id
 from receivers.store.tables import ReceivedEvent
+from receivers.store.writer import sqlite_insert_many
 from relay.router import Router
 from relay.tables import (
     DEAD,
@@ -96,7 +97,12 @@ async def route_events(
     engine: AsyncEngine, router: Router, events: Sequence[EventRef], now: datetime
 ) -> list[Due]:
     """Create one delivery per matching destination and mark the events routed, atomically.
-    Idempotent: an event routed twice (hook and sweeper racing) gets its deliveries once."""
+    Idempotent: an event routed twice (hook and sweeper racing) gets its deliveries once.
+
+    Each insert is one statement for all rows: a parameter list (compiled once, not per batch)
+    on PostgreSQL, one multi-row statement on SQLite (see ``sqlite_insert_many``)."""
+    if not events:
+        return []
     rows: list[dict[str, Any]] = []
     markers: list[dict[str, Any]] = []
     for event in events:
@@ -116,31 +122,38 @@ async def route_events(
             }
             for route in routes
         )
-    created: set[str] = set()
+    ids = [row["id"] for row in rows]
     async with engine.begin() as conn:
-        for start in range(0, len(rows), INSERT_CHUNK):
-            statement = (
-                _insert(conn, DELIVERIES)
-                .values(rows[start : start + INSERT_CHUNK])
-                .on_conflict_do_nothing(index_elements=["event_id", "destination"])
-                .returning(DELIVERIES.c.id)
-            )
-            created.update((await conn.execute(statement)).scalars())
-        for start in range(0, len(markers), INSERT_CHUNK):
-            await conn.execute(
-                _insert(conn, ROUTED)
-                .values(markers[start : start + INSERT_CHUNK])
-                .on_conflict_do_nothing(index_elements=["event_id"])
-            )
-    return [Due(row["id"], 0, now) for row in rows if row["id"] in created]
+        if conn.dialect.name == "sqlite":
+            created = await sqlite_insert_many(conn, DELIVERIES, rows, ["event_id", "destination"])
+            if created < len(ids):
+                query = select(DELIVERIES.c.id).where(DELIVERIES.c.id.in_(ids))
+                ids = list((await conn.execute(query)).scalars())
+            await sqlite_insert_many(conn, ROUTED, markers, ["event_id"])
+        else:
+            if rows:
+                deliveries = (
+                    _insert(conn, DELIVERIES)
+                    .on_conflict_do_nothing(index_elements=["event_id", "destination"])
+                    .returning(DELIVERIES.c.id)
+                )
+                ids = list((await conn.execute(deliveries, rows)).scalars())
+            routed = _insert(conn, ROUTED).on_conflict_do_nothing(index_elements=["event_id"])
+            await conn.execute(routed, markers)
+    created_ids = set(ids)
+    return [Due(row["id"], 0, now) for row in rows if row["id"] in created_ids]
 
 
-async def unrouted_events(engine: AsyncEngine, before: datetime, limit: int) -> list[EventRef]:
-    """Events committed before ``before`` that were never routed (their hook did not run)."""
+async def unrouted_events(
+    engine: AsyncEngine, before: datetime, limit: int, since: datetime | None = None
+) -> list[EventRef]:
+    """Events received before ``before`` (and at or after ``since``, when given: the indexed
+    received_at keeps a sweep cheap however many events are stored) that were never routed."""
     query = (
         select(EVENTS.c.id, EVENTS.c.source, EVENTS.c.kind, EVENTS.c.payload)
         .select_from(EVENTS.outerjoin(ROUTED, ROUTED.c.event_id == EVENTS.c.id))
         .where(ROUTED.c.event_id.is_(None), EVENTS.c.received_at < before)
+        .where(EVENTS.c.received_at >= since if since is not None else true())
         .order_by(EVENTS.c.received_at)
         .limit(limit)
     )
@@ -188,12 +201,16 @@ async def claim(
     )
     async with engine.begin() as conn:
         delivery = (await conn.execute(statement)).first()
-        if delivery is None:
-            return None
-        event = (await conn.execute(select(EVENTS).where(EVENTS.c.id == delivery.event_id))).one()
-        health = (
-            await conn.execute(select(STATES).where(STATES.c.name == delivery.destination))
-        ).first()
+    if delivery is None:
+        return None
+    query = (
+        select(EVENTS, STATES.c.consecutive_failures, STATES.c.paused_until, STATES.c.disabled)
+        .select_from(EVENTS.outerjoin(STATES, STATES.c.name == literal(delivery.destination)))
+        .where(EVENTS.c.id == delivery.event_id)
+    )
+    async with engine.connect() as conn:
+        event = (await conn.execute(query)).one()
+    health = event if event.consecutive_failures is not None else None
     return Claim(delivery, event, health, token)
 
 

@@ -23,6 +23,7 @@ from relay.router import Router
 log = logging.getLogger(__name__)
 
 ROUTE_GRACE = timedelta(seconds=2)
+SCAN_OVERLAP = timedelta(minutes=10)  # far more than any commit takes after its received_at
 BATCH = 1000
 
 
@@ -51,14 +52,20 @@ class Sweeper:
         self._queue = queue
         self._clock = clock
         self._interval = interval
+        self._scan_from: datetime | None = None  # None: scan every stored event (first sweep)
 
     async def sweep(self) -> SweepReport:
-        """One full pass: route what was not routed, then enqueue what is due."""
+        """One pass: route what was not routed, then enqueue what is due and has no job.
+
+        The first pass looks at every stored event; later ones only at events received since the
+        previous pass (less a generous overlap), so a sweep does not grow with the history."""
         routed = enqueued = 0
         while True:
             now = self._clock()
-            events = await outbox.unrouted_events(self._engine, now - ROUTE_GRACE, BATCH)
+            before = now - ROUTE_GRACE
+            events = await outbox.unrouted_events(self._engine, before, BATCH, self._scan_from)
             if not events:
+                self._scan_from = before - SCAN_OVERLAP  # everything older is routed
                 break
             due = await outbox.route_events(self._engine, self._router, events, now)
             enqueued += await self._queue.enqueue(due)
