@@ -4,7 +4,7 @@ from receivers.app import create_app
 from receivers.config import DEFAULT_SOURCE, ReceiverConfig
 from receivers.kinds import KINDS, KINDS_BY_NAME, Kind
 from receivers.sources import HeaderCheck, SourceConfig
-from receivers.store.writer import StoredEvent
+from receivers.store.records import StoredEvent
 
 __all__ = [
     "DEFAULT_SOURCE",

@@ -23,7 +23,8 @@ from receivers.kinds import kinds_by_path
 from receivers.metrics import Counters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem
-from receivers.store.writer import AfterCommit, EventWriter
+from receivers.store.records import AfterCommit
+from receivers.store.writer import EventWriter
 
 log = logging.getLogger(__name__)
 

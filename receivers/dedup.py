@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from receivers.kinds import Kind
-from receivers.store.writer import body_hash
+from receivers.store.records import body_hash
 
 MAX_KEY_LENGTH = 200
 

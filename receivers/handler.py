@@ -30,7 +30,8 @@ from receivers.kinds import Kind
 from receivers.metrics import Counters
 from receivers.problems import Problem
 from receivers.sources import Network, SourceConfig
-from receivers.store.writer import Arrival, EventWriter, Rejection, StoreUnavailable
+from receivers.store.records import Arrival, Rejection, StoreUnavailable
+from receivers.store.writer import EventWriter
 
 log = logging.getLogger(__name__)
 

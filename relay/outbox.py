@@ -19,8 +19,8 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.ids import new_id
+from receivers.store.sqlite_rows import sqlite_insert_many
 from receivers.store.tables import ReceivedEvent
-from receivers.store.writer import sqlite_insert_many
 from relay.router import Router
 from relay.tables import (
     DEAD,

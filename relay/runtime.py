@@ -82,10 +82,11 @@ async def close_worker(worker: Worker) -> None:
     re-run later), wait for them, then run its shutdown (sweeper, connections).
 
     arq's own ``close()`` awaits the cancelled jobs without catching their cancellation, which
-    would skip the shutdown hook; awaiting them here first avoids that."""
+    would raise and skip the shutdown hook; awaiting them here first avoids that."""
     for job in worker.tasks.values():
         job.cancel()
     await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    worker.tasks.clear()  # awaited above; arq's close() would re-raise their cancellation
     await worker.close()
 
 

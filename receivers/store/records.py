@@ -1,0 +1,83 @@
+"""What the receivers hand to the store, and what they get back."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+IDENTITY_COLUMNS = ("source", "kind", "dedup_key")
+
+Identity = tuple[str, str, str]
+Row = dict[str, Any]
+
+
+class StoreUnavailable(Exception):
+    """The database could not take the write; the caller should answer 503."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """An accepted callback, ready to be stored."""
+
+    source: str
+    kind: str
+    dedup_key: str
+    payload: dict[str, Any]
+    raw_body: bytes
+    content_type: str | None
+    method: str
+    remote_addr: str | None
+
+    @property
+    def identity(self) -> Identity:
+        return (self.source, self.kind, self.dedup_key)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A quarantined body: undecodable (400) or not fitting its kind's model (422)."""
+
+    source: str
+    path: str
+    kind: str | None
+    status: int
+    reason: str
+    errors: list[dict[str, Any]]
+    raw_body: bytes
+    content_type: str | None
+    remote_addr: str | None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The stored event's id; ``duplicate`` when it had been stored before."""
+
+    event_id: str
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """What the after-commit hook gets for each newly stored event."""
+
+    id: str
+    source: str
+    kind: str
+    received_at: datetime
+    payload: dict[str, Any]
+
+
+AfterCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
+
+
+def body_hash(raw_body: bytes) -> str:
+    """The fallback identity of a body."""
+    return "sha256:" + hashlib.sha256(raw_body).hexdigest()
+
+
+def identity(row: Mapping[str, Any]) -> Identity:
+    """The (source, kind, dedup key) of an event row."""
+    return (row["source"], row["kind"], row["dedup_key"])
