@@ -1,0 +1,1 @@
+"""The `relay` subcommands, one module per area."""

@@ -1,0 +1,79 @@
+"""What every `relay` command shares: the --config option, settings, running coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import click
+
+from receivers.store.engine import create_engine
+from relay import outbox
+from relay.jobs import JobQueue
+from relay.settings import Settings, SettingsError, config_path, load_settings
+
+T = TypeVar("T")
+
+config_option = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML config file (default: $RELAY_CONFIG; none = embedded defaults).",
+)
+
+
+def load_settings_or_exit(config_file: str | None) -> Settings:
+    """The settings of --config / $RELAY_CONFIG / the environment, or a clean error exit."""
+    try:
+        return load_settings(config_path(config_file, os.environ))
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def run(
+    coroutine: Coroutine[Any, Any, T],
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
+    """Run a coroutine for a command; configuration and connection errors exit cleanly."""
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(coroutine)
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot reach the database: {exc}") from None
+
+
+async def with_engine(settings: Settings, action: Any) -> Any:
+    """Run ``action(engine)`` on a fresh engine for the configured database."""
+    engine = create_engine(settings.database_url)
+    try:
+        return await action(engine)
+    finally:
+        await engine.dispose()
+
+
+async def enqueue(settings: Settings, due: list[outbox.Due]) -> None:
+    """Enqueue on real Redis; in embedded mode the running server's sweeper picks them up."""
+    if not settings.redis_url or not due:
+        return
+    from arq.connections import RedisSettings, create_pool
+
+    pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    try:
+        await JobQueue(pool).enqueue(due)
+    finally:
+        await pool.aclose()
+
+
+def pickup_note(settings: Settings) -> str:
+    """How replayed or released deliveries get picked up in this mode."""
+    if settings.redis_url:
+        return ""
+    return (
+        f" (embedded mode: the running `relay serve` picks them up within "
+        f"{settings.sweep_interval.total_seconds():g} s)"
+    )

@@ -1,0 +1,96 @@
+"""`relay serve`, `relay worker` and `relay db`: the processes and the schema."""
+
+from __future__ import annotations
+
+import click
+
+from receivers.store.engine import create_engine
+from relay import migrate
+from relay.commands.common import config_option, load_settings_or_exit, run
+
+
+@click.command()
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="RELAY_HOST",
+    help="Interface to listen on ($RELAY_HOST).",
+)
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=int,
+    envvar=["RELAY_PORT", "PORT"],
+    help="Port to listen on ($RELAY_PORT or $PORT).",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
+@click.option(
+    "--access-log/--no-access-log", default=True, show_default=True, help="Log every request."
+)
+@config_option
+def serve(host: str, port: int, log_level: str, access_log: bool, config_file: str | None) -> None:
+    """Run the receivers (and the embedded relay worker) with uvicorn."""
+    from relay.serve import event_loop_factory
+    from relay.serve import serve as run_server
+
+    settings = load_settings_or_exit(config_file)
+    run(
+        run_server(settings, host, port, log_level, access_log=access_log),
+        loop_factory=event_loop_factory(),
+    )
+
+
+@click.command()
+@config_option
+def worker(config_file: str | None) -> None:
+    """Run a relay worker (and its sweeper) on the configured Redis."""
+    from relay.runtime import run_worker
+
+    run(run_worker(load_settings_or_exit(config_file)))
+
+
+@click.group()
+def db() -> None:
+    """Database schema commands."""
+
+
+@db.command("upgrade")
+@config_option
+def db_upgrade(config_file: str | None) -> None:
+    """Apply every pending migration."""
+    settings = load_settings_or_exit(config_file)
+
+    async def upgrade() -> str | None:
+        engine = create_engine(settings.database_url)
+        try:
+            await migrate.upgrade(engine)
+            return await migrate.current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    click.echo(f"database at revision {run(upgrade())}")
+
+
+@db.command("current")
+@config_option
+def db_current(config_file: str | None) -> None:
+    """Show the database's schema revision and the one this version needs."""
+    settings = load_settings_or_exit(config_file)
+
+    async def current() -> str | None:
+        engine = create_engine(settings.database_url)
+        try:
+            return await migrate.current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    click.echo(
+        f"database: {run(current()) or 'empty'}; this version needs: {migrate.head_revision()}"
+    )
