@@ -24,6 +24,7 @@ class PlatformPayload(BaseModel):
     )
 
     _key_index: ClassVar[dict[str, str]] = {}
+    _canonical_names: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -34,6 +35,7 @@ class PlatformPayload(BaseModel):
             index[wire_name.lower()] = wire_name
             index[name.lower()] = wire_name
         cls._key_index = index
+        cls._canonical_names = frozenset(index.values())
 
     @model_validator(mode="before")
     @classmethod
@@ -41,7 +43,9 @@ class PlatformPayload(BaseModel):
         """Rename keys that differ from a known field only by letter case."""
         if not isinstance(data, dict):
             return data
-        index = cls._key_index
+        index, canonical_names = cls._key_index, cls._canonical_names
+        if all(key in canonical_names or key.lower() not in index for key in data):
+            return data  # the usual case: nothing to rename
         renamed: dict[str, Any] = {}
         for key, value in data.items():
             canonical = index.get(key.lower(), key) if isinstance(key, str) else key
