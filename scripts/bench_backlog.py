@@ -47,7 +47,6 @@ import os
 import random
 import re
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -68,12 +66,15 @@ from benchlib import (
     HOST,
     BenchError,
     Server,
+    admin_execute,
     at_least,
     build_events,
     free_port,
     machine_cpu_seconds,
     relay_command,
     relay_env,
+    require_local,
+    sigterm_interrupts,
     start_server,
     stop_server,
     uvicorn_argv,
@@ -96,7 +97,6 @@ T = TypeVar("T")
 
 DEFAULT_PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
 SOURCE = "default"
 DESTINATION = "sink"
 SINK_PATH = "/relay"
@@ -579,14 +579,6 @@ def write_config(workdir: Path, database_url: str, redis_url: str, sink_url: str
     return config
 
 
-async def admin_execute(dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 CREATED_DATABASES: list[str] = []
 """Databases created and not dropped yet (``run`` drops what is left on the way out)."""
 
@@ -818,16 +810,6 @@ async def run_async(args: argparse.Namespace, workdir: Path, servers: list[Serve
     return Report(args, sizes, time.monotonic() - started)
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops the run like Ctrl-C does, so that the clean-up still runs."""
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def flush_redis(url: str) -> None:
     async def flush() -> None:
         pool = await create_pool(RedisSettings.from_dsn(url))
@@ -862,12 +844,6 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
             for database in list(CREATED_DATABASES):  # only when the run was cut short
                 asyncio.run(drop_database(args.pg_admin_dsn, database))
             flush_redis(args.redis_url)
-
-
-def require_local(url: str, what: str) -> None:
-    host = urlsplit(url).hostname
-    if host not in LOCAL_HOSTS:
-        raise BenchError(f"{what} must be on 127.0.0.1 (got host {host!r})")
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -59,11 +59,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import redis
@@ -78,6 +78,7 @@ from benchlib import (
     Event,
     Server,
     at_least,
+    bounded,
     build_events,
     close_connections,
     drive,
@@ -88,6 +89,7 @@ from benchlib import (
     relay_argv,
     relay_command,
     relay_env,
+    sigterm_interrupts,
     start_server,
     stop_server,
     uvicorn_argv,
@@ -97,8 +99,6 @@ from benchlib import (
 from relay.destinations.http import USER_AGENT
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
 from relay.jobs import QUEUE_NAME
-
-T = TypeVar("T")
 
 REDIS_PORT = 6379
 SINK_PATH = "/relay"
@@ -576,25 +576,6 @@ def delivery_counts(database: Path) -> dict[str, int]:
 
 
 # --- the whole run -------------------------------------------------------------------------------
-
-
-async def bounded(coroutine: Coroutine[Any, Any, T], deadline: float) -> T:
-    seconds = deadline - time.monotonic()
-    try:
-        async with asyncio.timeout(max(seconds, 0)):
-            return await coroutine
-    except TimeoutError:
-        raise BenchError("the run took longer than --timeout") from None
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops the run like Ctrl-C does, so that the clean-up still runs."""
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_all(servers: list[Server], *, interrupt: bool = False) -> None:

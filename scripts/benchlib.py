@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -28,10 +29,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+import asyncpg
 
 from relay.simulator import factories
 
@@ -483,3 +487,44 @@ def machine_cpu_seconds() -> tuple[float, float]:
     idle = ticks[3] + ticks[4]
     hertz = os.sysconf("SC_CLK_TCK")
     return (total - idle) / hertz, total / hertz
+
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+
+
+T = TypeVar("T")
+
+
+async def bounded(coroutine: Coroutine[Any, Any, T], deadline: float) -> T:
+    """Await ``coroutine``, failing the run once the monotonic ``deadline`` has passed."""
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+            return await coroutine
+    except TimeoutError:
+        raise BenchError("the run took longer than --timeout") from None
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the run like Ctrl-C does, so that the clean-up still runs."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def admin_execute(dsn: str, sql: str) -> None:
+    """Run one statement on PostgreSQL (CREATE/DROP DATABASE for a run's own database)."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def require_local(url: str, what: str) -> None:
+    """Refuse any service that is not on this machine's loopback."""
+    host = urlsplit(url).hostname
+    if host not in LOCAL_HOSTS:
+        raise BenchError(f"{what} must be on 127.0.0.1 (got host {host!r})")

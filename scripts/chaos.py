@@ -88,13 +88,12 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
 import asyncpg
 import httpx
@@ -105,7 +104,9 @@ from benchlib import (
     POLL_INTERVAL_SECONDS,
     BenchError,
     Server,
+    admin_execute,
     at_least,
+    bounded,
     free_port,
     kill_server,
     machine_cpu_seconds,
@@ -113,6 +114,8 @@ from benchlib import (
     relay_argv,
     relay_command,
     relay_env,
+    require_local,
+    sigterm_interrupts,
     start_server,
     stop_server,
     uvicorn_argv,
@@ -129,11 +132,8 @@ from relay.simulator.run import RunOptions, run_units
 from relay.simulator.scenarios import SCENARIOS, Callback
 from relay.simulator.wire import Endpoint, prepare
 
-T = TypeVar("T")
-
 DEFAULT_PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
 SOURCE = "default"
 DESTINATION = "sink"
 SINK_PATH = "/relay"
@@ -160,12 +160,6 @@ LOG_PATTERNS = {
 
 
 # --- the deployment ------------------------------------------------------------------------------
-
-
-def require_local(url: str, what: str) -> None:
-    host = urlsplit(url).hostname
-    if host not in LOCAL_HOSTS:
-        raise BenchError(f"{what} must be on 127.0.0.1 (got host {host!r})")
 
 
 def write_config(
@@ -868,14 +862,6 @@ def _round(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 2)
 
 
-async def admin_execute(dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 async def run_async(
     args: argparse.Namespace, deployment: Deployment, database: str, deadline: float
 ) -> Report:
@@ -970,24 +956,6 @@ async def run_async(
         traffic_s=traffic.ended_at - traffic.started_at,
         cpu=cpu,
     )
-
-
-async def bounded(coroutine: Coroutine[Any, Any, T], deadline: float) -> T:
-    try:
-        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
-            return await coroutine
-    except TimeoutError:
-        raise BenchError("the run took longer than --timeout") from None
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops the run like Ctrl-C does, so that the clean-up still runs."""
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def drop_database(admin_dsn: str, database: str) -> None:
