@@ -23,6 +23,7 @@ from receivers.kinds import kinds_by_path
 from receivers.metrics import Counters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem
+from receivers.routing import ReceiverApp
 from receivers.store.records import AfterCommit
 from receivers.store.writer import EventWriter
 
@@ -63,6 +64,7 @@ def create_app(
                 await writer.stop()
 
     routes: list[Route] = []
+    hooks: dict[tuple[str, str], HookEndpoint] = {}
     for source_name, source in config.sources.items():
         prefix = source_prefix(source_name)
         for path, kinds in kinds_by_path().items():
@@ -76,7 +78,8 @@ def create_app(
                 clock=clock,
             )
             methods = sorted({method for kind in kinds for method in kind.methods})
-            routes.append(Route(prefix + path, endpoint.handle, methods=methods))
+            routes.append(Route(prefix + path, endpoint, methods=methods))
+            hooks.update({(prefix + path, method): endpoint for method in methods})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -109,7 +112,9 @@ def create_app(
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    app = Starlette(
+    app = ReceiverApp(
+        hooks=hooks,
+        on_error=_server_problem,
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_problem, Exception: _server_problem},

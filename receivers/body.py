@@ -6,7 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from receivers.problems import Problem
 
@@ -27,12 +28,12 @@ class Undecodable(Problem):
         super().__init__(400, "undecodable-body", "Bad Request", detail)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refusing anything over ``limit`` bytes whatever Content-Length says."""
-    declared = request.headers.get("content-length")
+async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
+    """The raw body from the ASGI ``receive`` channel, refusing anything over ``limit`` bytes
+    whatever ``declared`` (the Content-Length header) says."""
     if declared is not None:
         try:
-            if int(declared) > limit:
+            if int(declared.decode("latin-1")) > limit:
                 raise BodyTooLarge(limit)
         except ValueError:
             raise Problem(
@@ -40,12 +41,21 @@ async def read_body(request: Request, limit: int) -> bytes:
             ) from None
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(limit)
+            if not message.get("more_body", False):
+                if not chunks:
+                    return bytes(chunk)
+                chunks.append(chunk)
+                return b"".join(chunks)
+            chunks.append(chunk)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
 
 
 def decode_json(raw: bytes) -> Any:

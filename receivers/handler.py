@@ -10,9 +10,9 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from pydantic import ValidationError
-from starlette.datastructures import QueryParams
-from starlette.requests import Request
+from starlette.datastructures import URL, Headers, QueryParams
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from receivers.auth import (
     TOKEN_PARAM,
@@ -38,8 +38,12 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = "5"
 STRUCTURED_QUERY_FIELDS = frozenset({"contentList", "parts"})
 CACHE_SIZE = 256
-ANSWER = '{{"id": "{id}", "kind": "{kind}", "status": "accepted"}}'
-"""The 200 body, as ``json.dumps`` renders it: event ids are UUIDs, kinds dotted names."""
+ANSWER_TAIL = '", "kind": "{kind}", "status": "accepted"}}'
+"""The 200 body after the event id, as ``json.dumps`` renders it (kinds are dotted names)."""
+ANSWER_CONTENT_TYPE = (b"content-type", b"application/json")
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+"""Status, raw headers and body of an answer."""
 
 
 class HookEndpoint:
@@ -73,41 +77,55 @@ class HookEndpoint:
             for kind in kinds
             for duplicate in (False, True)
         }
+        self._answer_tails = {
+            kind.name: ANSWER_TAIL.format(kind=kind.name).encode() for kind in kinds
+        }
 
-    async def handle(self, request: Request) -> Response:
-        """Answer one callback."""
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app of this URL (methods are checked by whoever routed the request here)."""
+        status, headers, body = await self.answer(scope, receive)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def answer(self, scope: Scope, receive: Receive) -> Answer:
+        """Handle one callback; its answer, not sent yet."""
         try:
-            return await self._handle(request)
+            return await self._handle(scope, receive)
         except AuthFailure as failure:
             self.counters.inc(
                 "relay_auth_failures_total", source=self.source_name, reason=failure.reason
             )
-            log.info("refused callback on %s: %s", request.url.path, failure.reason)
-            return failure.response()
+            log.info("refused callback on %s: %s", URL(scope=scope).path, failure.reason)
+            return _answer_of(failure.response())
         except StoreUnavailable:
             self.counters.inc("relay_store_unavailable_total", source=self.source_name)
-            return Problem(
-                503,
-                "store-unavailable",
-                "Service Unavailable",
-                "The event store is unavailable; retry later.",
-                headers={"Retry-After": RETRY_AFTER_SECONDS},
-            ).response()
+            return _answer_of(
+                Problem(
+                    503,
+                    "store-unavailable",
+                    "Service Unavailable",
+                    "The event store is unavailable; retry later.",
+                    headers={"Retry-After": RETRY_AFTER_SECONDS},
+                ).response()
+            )
         except Problem as problem:
-            return problem.response()
+            return _answer_of(problem.response())
 
-    async def _handle(self, request: Request) -> Response:
-        scope = request.scope
-        headers = request.headers
+    async def _handle(self, scope: Scope, receive: Receive) -> Answer:
+        raw_headers = scope["headers"]
+        first = dict(reversed(raw_headers))  # the first of repeated headers wins, as in Headers
+        headers = Headers(raw=raw_headers)
         client = scope.get("client")
+        forwarded_for = first.get(b"x-forwarded-for")
         address, remote_addr = _caller(
             client[0] if client else None,
-            headers.get("x-forwarded-for"),
+            forwarded_for.decode("latin-1") if forwarded_for is not None else None,
             self.config.trusted_proxies,
         )
         check_address(self.source, address)
         query_string = scope.get("query_string", b"")
-        is_get = request.method == "GET"
+        method = scope["method"]
+        is_get = method == "GET"
         query = QueryParams(query_string) if is_get else _post_query(query_string)
         check_credentials(self.source, headers, query)
 
@@ -117,15 +135,16 @@ class HookEndpoint:
             params = {k: v for k, v in query.items() if k != TOKEN_PARAM}
             data: Any = query_as_payload(params, STRUCTURED_QUERY_FIELDS)
         else:
-            raw = await read_body(request, self.config.max_body_bytes)
+            raw = await read_body(receive, first.get(b"content-length"), self.config.max_body_bytes)
             if self.source.signature_secret:
                 check_signature(self.source, headers, raw, self.clock())
-            content_type = headers.get("content-type")
+            declared_type = first.get(b"content-type")
+            content_type = declared_type.decode("latin-1") if declared_type is not None else None
             try:
                 data = decode_json(raw)
             except Undecodable as problem:
-                await self._quarantine(request, None, problem, [], raw, content_type, remote_addr)
-                return problem.response()
+                await self._quarantine(scope, None, problem, [], raw, content_type, remote_addr)
+                return _answer_of(problem.response())
 
         kind = self._dispatch(data)
         if not isinstance(data, dict):
@@ -137,8 +156,8 @@ class HookEndpoint:
                 kind=kind.name,
                 errors=[],
             )
-            await self._quarantine(request, kind, problem, [], raw, content_type, remote_addr)
-            return problem.response()
+            await self._quarantine(scope, kind, problem, [], raw, content_type, remote_addr)
+            return _answer_of(problem.response())
         try:
             model = kind.model.model_validate(data)
         except ValidationError as exc:
@@ -152,8 +171,8 @@ class HookEndpoint:
                 kind=kind.name,
                 errors=errors,
             )
-            await self._quarantine(request, kind, problem, errors, raw, content_type, remote_addr)
-            return problem.response()
+            await self._quarantine(scope, kind, problem, errors, raw, content_type, remote_addr)
+            return _answer_of(problem.response())
 
         payload = model.to_stored()  # type: ignore[attr-defined]
         receipt = await self.writer().store(
@@ -164,13 +183,13 @@ class HookEndpoint:
                 payload=payload,
                 raw_body=raw,
                 content_type=content_type,
-                method=request.method,
+                method=method,
                 remote_addr=remote_addr,
             )
         )
         self.counters.add(self._callbacks_total[kind.name, receipt.duplicate])
-        answer = ANSWER.format(id=receipt.event_id, kind=kind.name)
-        return Response(answer.encode(), media_type="application/json")
+        body = b'{"id": "' + receipt.event_id.encode() + self._answer_tails[kind.name]
+        return 200, [(b"content-length", b"%d" % len(body)), ANSWER_CONTENT_TYPE], body
 
     def _dispatch(self, data: Any) -> Kind:
         if isinstance(data, dict):
@@ -181,7 +200,7 @@ class HookEndpoint:
 
     async def _quarantine(
         self,
-        request: Request,
+        scope: Scope,
         kind: Kind | None,
         problem: Problem,
         errors: list[dict[str, Any]],
@@ -195,7 +214,7 @@ class HookEndpoint:
         await self.writer().quarantine(
             Rejection(
                 source=self.source_name,
-                path=request.url.path,
+                path=URL(scope=scope).path,
                 kind=kind.name if kind else None,
                 status=problem.status,
                 reason=problem.detail,
@@ -221,6 +240,10 @@ def _post_query(query_string: bytes) -> QueryParams:
     """The parsed query of a POST: the callbacks of one source all carry the same (the token),
     so it is cached. A GET's query is its payload, never cached."""
     return QueryParams(query_string)
+
+
+def _answer_of(response: Response) -> Answer:
+    return response.status_code, response.raw_headers, bytes(response.body)
 
 
 def _field_errors(exc: ValidationError) -> list[dict[str, Any]]:
