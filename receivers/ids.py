@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import os
-import uuid
 from datetime import datetime
+
+MILLIS_MASK = (1 << 48) - 1
+RANDOM_HEX_DIGITS = 20  # 80 bits, of which the version and variant take 6
+VARIANT_DIGIT = {digit: "89ab"[int(digit, 16) & 0x3] for digit in "0123456789abcdef"}
+"""The random hex digit that carries the RFC 4122 variant (binary 10xx) -> that digit."""
 
 
 def new_id(now: datetime) -> str:
     """A UUIDv7 string: 48 bits of Unix milliseconds, then random bits; sorts by time."""
-    millis = int(now.timestamp() * 1000) & ((1 << 48) - 1)
-    random_bits = int.from_bytes(os.urandom(10), "big")
-    value = (millis << 80) | random_bits
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
-    return str(uuid.UUID(int=value))
+    return new_ids(now, 1)[0]
+
+
+def new_ids(now: datetime, count: int) -> list[str]:
+    """``count`` UUIDv7 strings for the same moment, from one read of random bytes."""
+    millis = f"{int(now.timestamp() * 1000) & MILLIS_MASK:012x}"
+    time_part = f"{millis[:8]}-{millis[8:]}-7"
+    randomness = os.urandom(RANDOM_HEX_DIGITS // 2 * count).hex()
+    ids = []
+    for start in range(0, RANDOM_HEX_DIGITS * count, RANDOM_HEX_DIGITS):
+        r = randomness[start : start + RANDOM_HEX_DIGITS]
+        ids.append(f"{time_part}{r[1:4]}-{VARIANT_DIGIT[r[4]]}{r[5:8]}-{r[8:]}")
+    return ids

@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.ids import new_id
+from receivers.ids import new_ids
 from receivers.store.batch_stores import BatchStore, batch_store
 from receivers.store.records import (
     AfterCommit,
@@ -156,8 +156,12 @@ class EventWriter:
                 digest = body_hash(item.raw_body)
                 seen = rejected.get(digest)
                 rejected[digest] = (seen[0], seen[1] + 1) if seen else (item, 1)
-        rows = [_event_row(same, now) for same in copies.values()]
-        quarantine = [_rejection_row(item, d, n, now) for d, (item, n) in rejected.items()]
+        ids = new_ids(now, len(copies) + len(rejected))
+        rows = [_event_row(same, i, now) for same, i in zip(copies.values(), ids, strict=False)]
+        quarantine = [
+            _rejection_row(item, d, n, i, now)
+            for (d, (item, n)), i in zip(rejected.items(), ids[len(copies) :], strict=True)
+        ]
         return _Batch(items, now, copies, rows, store.write(rows, quarantine))
 
     async def _finish(self, store: BatchStore, batch: _Batch) -> None:
@@ -240,12 +244,12 @@ class EventWriter:
         task.add_done_callback(self._tasks.discard)
 
 
-def _event_row(copies: list[_Pending], now: datetime) -> Row:
+def _event_row(copies: list[_Pending], event_id: str, now: datetime) -> Row:
     """The row of an event that arrived ``len(copies)`` times in one batch."""
     first = copies[0].item
     assert isinstance(first, Arrival)
     return {
-        "id": new_id(now),
+        "id": event_id,
         "source": first.source,
         "kind": first.kind,
         "dedup_key": first.dedup_key,
@@ -259,10 +263,10 @@ def _event_row(copies: list[_Pending], now: datetime) -> Row:
     }
 
 
-def _rejection_row(item: Rejection, digest: str, count: int, now: datetime) -> Row:
+def _rejection_row(item: Rejection, digest: str, count: int, row_id: str, now: datetime) -> Row:
     """The quarantine row of a body that was rejected ``count`` times in one batch."""
     return {
-        "id": new_id(now),
+        "id": row_id,
         "source": item.source,
         "path": item.path[:255],
         "kind": item.kind,
