@@ -6,9 +6,10 @@ The decision is pure policy (:mod:`relay.policies`) plus the destination's healt
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,13 +19,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from relay import outbox
 from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
 from relay.destinations import Destination, Outbound, Outcome
-from relay.outbox import AttemptResult, Claim, Due
+from relay.grouping import Coalescer
+from relay.outbox import AttemptRecord, AttemptResult, Claim, Due
 from relay.policies import Policy, retry_after_bounded
 from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
 
 log = logging.getLogger(__name__)
 
 FALLBACK_POLICY = "standard"
+DEFAULT_CONCURRENCY = 50
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,11 @@ def attempt_lease(timeouts: Iterable[timedelta], margin: timedelta) -> timedelta
 
 class Deliverer:
     """Attempts deliveries; shared by every job of one worker. ``lease`` must outlast any
-    attempt (the longest destination timeout plus a margin): see :func:`attempt_lease`."""
+    attempt (the longest destination timeout plus a margin): see :func:`attempt_lease`.
+
+    At most ``concurrency`` attempts run at once; an attempt takes its slot before its claim,
+    so no lease runs down while waiting. The claims and the records of concurrent attempts
+    are grouped into shared transactions (:class:`~relay.grouping.Coalescer`)."""
 
     def __init__(
         self,
@@ -53,6 +60,7 @@ class Deliverer:
         clock: Callable[[], datetime],
         lease: timedelta,
         rng: random.Random | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         self._engine = engine
         self._targets = targets
@@ -60,10 +68,68 @@ class Deliverer:
         self._clock = clock
         self._rng = rng or random.Random()
         self._lease = lease
+        self._slots = asyncio.Semaphore(concurrency)
+        longest = max((t.timeout for t in targets.values()), default=timedelta(0))
+        self._start_window = max(lease - longest, timedelta(0)).total_seconds() / 2
+        self._claims: Coalescer[str, Claim | None] = Coalescer(self._claim_group)
+        self._records: Coalescer[AttemptRecord, bool] = Coalescer(self._record_group)
 
     async def attempt(self, delivery_id: str) -> Due | None:
         """Attempt the delivery if it is due and free; returns its next job, if it needs one."""
-        claimed = await outbox.claim(self._engine, delivery_id, self._clock(), self._lease)
+        async with self._slots:
+            return await self._attempt(delivery_id)
+
+    async def attempt_many(self, delivery_ids: Sequence[str]) -> list[Due]:
+        """Attempt each delivery (concurrently, within the worker's slots); returns the next
+        jobs they need. An attempt that fails does not stop the others: the first such
+        error is raised once all have finished.
+
+        A job must end within its lease (arq's job timeout), so an attempt that gets no slot
+        within half the lease margin is not made here: it comes back as a job of its own."""
+        deadline = asyncio.get_running_loop().time() + self._start_window
+        results = await asyncio.gather(
+            *(self._attempt_by(delivery_id, deadline) for delivery_id in delivery_ids),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        next_due = [r for r in results if isinstance(r, Due)]
+        if errors:
+            raise _with_next(errors[0], next_due)
+        return next_due
+
+    async def _attempt_by(self, delivery_id: str, deadline: float) -> Due | None:
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            return Due(delivery_id, 0, self._clock())  # a new job id: now and attempts 0
+        try:
+            return await self._attempt(delivery_id)
+        finally:
+            self._slots.release()
+
+    async def _claim_group(self, delivery_ids: list[str]) -> list[Claim | None]:
+        claims = await outbox.claim_many(self._engine, delivery_ids, self._clock(), self._lease)
+        # the same delivery twice in a group (two of its jobs at once): one attempt only
+        return [claims.pop(delivery_id, None) for delivery_id in delivery_ids]
+
+    async def _record_group(self, records: list[AttemptRecord]) -> list[bool | BaseException]:
+        try:
+            return list(await outbox.record_attempts(self._engine, records))
+        except Exception:
+            if len(records) == 1:
+                raise
+        # one of them broke the shared transaction: record each on its own
+        results: list[bool | BaseException] = []
+        for record in records:
+            try:
+                results.append((await outbox.record_attempts(self._engine, [record]))[0])
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    async def _attempt(self, delivery_id: str) -> Due | None:
+        claimed = await self._claims.submit(delivery_id)
         if claimed is None:
             return None
         now = self._clock()
@@ -143,13 +209,8 @@ class Deliverer:
             error=outcome.error,
             response_excerpt=outcome.response_excerpt,
         )
-        recorded = await outbox.record_attempt(
-            self._engine,
-            claimed,
-            result,
-            status=status,
-            next_attempt_at=next_at,
-            health_change=_on_rows(change) if change else None,
+        recorded = await self._records.submit(
+            AttemptRecord(claimed, result, status, next_at, _on_rows(change) if change else None)
         )
         if not recorded:
             log.warning("lease of delivery %s expired during its attempt", delivery.id)
@@ -162,6 +223,22 @@ class Deliverer:
                 delivery.attempts + 1,
             )
         return Due(delivery.id, delivery.attempts + 1, next_at) if next_at else None
+
+
+class AttemptsFailed(Exception):
+    """Some attempts of a batch failed; ``next_due`` holds the next jobs of the others."""
+
+    def __init__(self, cause: BaseException, next_due: list[Due]) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.next_due = next_due
+
+
+def _with_next(error: BaseException, next_due: list[Due]) -> BaseException:
+    if not next_due or not isinstance(error, Exception):
+        return error
+    failed = AttemptsFailed(error, next_due)
+    failed.__cause__ = error
+    return failed
 
 
 def _outbound(claimed: Claim) -> Outbound:

@@ -1,8 +1,10 @@
-"""The relay's own arq queue: one job per delivery attempt, with an id arq can dedupe."""
+"""The relay's own arq queue: a job per delivery attempt, or per routing batch of first attempts,
+with ids arq can dedupe."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -36,30 +38,51 @@ class JobQueue:
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
 
     async def enqueue(self, due: Sequence[Due]) -> int:
-        """Enqueue a deliver job per delivery, at its time; returns how many were new."""
-        results = await asyncio.gather(*(self._enqueue_one(d) for d in due))
+        """Enqueue the jobs of these deliveries, each at its time: one per batch job id (the
+        first attempts of a routing pass), one per delivery otherwise; returns how many of
+        those jobs were new."""
+        batches: dict[str, list[Due]] = {}
+        singles: list[Due] = []
+        for item in due:
+            if item.job is None:
+                singles.append(item)
+            else:
+                batches.setdefault(item.job, []).append(item)
+        results = await asyncio.gather(
+            *(self._enqueue_one(DELIVER_FUNCTION, d.id, deliver_job_id(d), d.at) for d in singles),
+            *(
+                self._enqueue_one(
+                    DELIVER_FUNCTION, [d.id for d in items], job, min(d.at for d in items)
+                )
+                for job, items in batches.items()
+            ),
+        )
         return sum(results)
 
     async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
-        """The deliveries whose job is neither queued nor running (one round trip).
+        """The deliveries whose job is neither queued nor running (one round trip), as single
+        jobs to enqueue (a batch job that is gone is not rebuilt: its members may be spread
+        over several pages, or done).
 
         arq keeps a job in its queue's sorted set until the job has finished, so a missing
-        score means the job is gone: done, or lost with a flushed Redis."""
+        score means the job is gone: done, or lost with a flushed Redis. A delivery's job is
+        its own (:func:`deliver_job_id`) or, for a first attempt, its batch job."""
         if not due:
             return []
         async with self.pool.pipeline(transaction=False) as pipe:
             for item in due:
                 pipe.zscore(QUEUE_NAME, deliver_job_id(item))
+                pipe.zscore(QUEUE_NAME, item.job or deliver_job_id(item))
             scores = await pipe.execute()
-        return [item for item, score in zip(due, scores, strict=True) if score is None]
+        return [
+            dataclasses.replace(item, job=None)
+            for item, own, batch in zip(due, scores[::2], scores[1::2], strict=True)
+            if own is None and batch is None
+        ]
 
-    async def _enqueue_one(self, due: Due) -> bool:
+    async def _enqueue_one(self, function: str, arg: object, job_id: str, at: datetime) -> bool:
         async with self._limit:
             job = await self.pool.enqueue_job(
-                DELIVER_FUNCTION,
-                due.id,
-                _job_id=deliver_job_id(due),
-                _queue_name=QUEUE_NAME,
-                _defer_until=due.at,
+                function, arg, _job_id=job_id, _queue_name=QUEUE_NAME, _defer_until=at
             )
         return job is not None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, literal, or_, select, true, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -43,6 +43,8 @@ KEEP_FIRST_ATTEMPTS = 3
 KEEP_LAST_ATTEMPTS = 20
 CLOCK_SKEW = timedelta(seconds=1)
 INSERT_CHUNK = 500
+JOB_BATCH = 25
+"""How many new deliveries of one routing pass share one arq job (see :func:`route_events`)."""
 
 
 HealthChange = Callable[[Mapping[str, Any]], Mapping[str, Any]]
@@ -61,11 +63,13 @@ class EventRef:
 
 @dataclass(frozen=True)
 class Due:
-    """A delivery that needs a job: its id, its attempt count (part of the job id), and when."""
+    """A delivery that needs a job: its id, its attempt count (part of the job id), and when;
+    ``job`` names the batch job that carries it with others (first attempts only)."""
 
     id: str
     attempts: int
     at: datetime
+    job: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,17 @@ class AttemptResult:
     response_excerpt: str | None
 
 
+@dataclass(frozen=True)
+class AttemptRecord:
+    """What :func:`record_attempts` writes for one claimed delivery."""
+
+    claimed: Claim
+    result: AttemptResult
+    status: str
+    next_attempt_at: datetime | None
+    health_change: HealthChange | None = None
+
+
 def _insert(conn: AsyncConnection, table: Any) -> Any:
     return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
 
@@ -100,7 +115,9 @@ async def route_events(
     Idempotent: an event routed twice (hook and sweeper racing) gets its deliveries once.
 
     Each insert is one statement for all rows: a parameter list (compiled once, not per batch)
-    on PostgreSQL, one multi-row statement on SQLite (see ``sqlite_insert_many``)."""
+    on PostgreSQL, one multi-row statement on SQLite (see ``sqlite_insert_many``). Every
+    :data:`JOB_BATCH` new deliveries share one batch job id (kept in ``job_id``), so that their
+    first attempts cost one arq job, not one each."""
     if not events:
         return []
     rows: list[dict[str, Any]] = []
@@ -122,6 +139,10 @@ async def route_events(
             }
             for route in routes
         )
+    for start in range(0, len(rows), JOB_BATCH):
+        job = f"relay:deliver-batch:{new_id(now)}"
+        for row in rows[start : start + JOB_BATCH]:
+            row["job_id"] = job
     ids = [row["id"] for row in rows]
     async with engine.begin() as conn:
         if conn.dialect.name == "sqlite":
@@ -141,7 +162,7 @@ async def route_events(
             routed = _insert(conn, ROUTED).on_conflict_do_nothing(index_elements=["event_id"])
             await conn.execute(routed, markers)
     created_ids = set(ids)
-    return [Due(row["id"], 0, now) for row in rows if row["id"] in created_ids]
+    return [Due(row["id"], 0, now, row["job_id"]) for row in rows if row["id"] in created_ids]
 
 
 async def unrouted_events(
@@ -166,7 +187,9 @@ async def due_deliveries(
 ) -> list[Due]:
     """Pending deliveries that are due and not leased (a job may or may not exist for them),
     oldest first; pass the last one of a page as ``after`` for the next page."""
-    query = select(DELIVERIES.c.id, DELIVERIES.c.attempts, DELIVERIES.c.next_attempt_at).where(
+    query = select(
+        DELIVERIES.c.id, DELIVERIES.c.attempts, DELIVERIES.c.next_attempt_at, DELIVERIES.c.job_id
+    ).where(
         DELIVERIES.c.status == PENDING,
         DELIVERIES.c.next_attempt_at <= now,
         or_(DELIVERIES.c.leased_until.is_(None), DELIVERIES.c.leased_until < now),
@@ -180,18 +203,28 @@ async def due_deliveries(
         )
     query = query.order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id).limit(limit)
     async with engine.connect() as conn:
-        return [Due(r.id, r.attempts, r.next_attempt_at) for r in await conn.execute(query)]
+        return [
+            Due(r.id, r.attempts, r.next_attempt_at, r.job_id) for r in await conn.execute(query)
+        ]
 
 
 async def claim(
     engine: AsyncEngine, delivery_id: str, now: datetime, lease: timedelta
 ) -> Claim | None:
     """Lease a due delivery for one attempt; ``None`` when it is not due, done or leased."""
+    return (await claim_many(engine, [delivery_id], now, lease)).get(delivery_id)
+
+
+async def claim_many(
+    engine: AsyncEngine, delivery_ids: Sequence[str], now: datetime, lease: timedelta
+) -> dict[str, Claim]:
+    """Lease those of the deliveries that are due and free, in one transaction (one conditional
+    UPDATE), and read their events and destinations' health; keyed by delivery id."""
     token = str(uuid.uuid4())
     statement = (
         update(DELIVERIES)
         .where(
-            DELIVERIES.c.id == delivery_id,
+            DELIVERIES.c.id.in_(list(delivery_ids)),
             DELIVERIES.c.status == PENDING,
             DELIVERIES.c.next_attempt_at <= now + CLOCK_SKEW,
             or_(DELIVERIES.c.leased_until.is_(None), DELIVERIES.c.leased_until < now),
@@ -200,18 +233,22 @@ async def claim(
         .returning(*DELIVERIES.c)
     )
     async with engine.begin() as conn:
-        delivery = (await conn.execute(statement)).first()
-    if delivery is None:
-        return None
-    query = (
-        select(EVENTS, STATES.c.consecutive_failures, STATES.c.paused_until, STATES.c.disabled)
-        .select_from(EVENTS.outerjoin(STATES, STATES.c.name == literal(delivery.destination)))
-        .where(EVENTS.c.id == delivery.event_id)
-    )
+        deliveries = (await conn.execute(statement)).all()
+    if not deliveries:
+        return {}
+    event_ids = list({d.event_id for d in deliveries})
+    names = list({d.destination for d in deliveries})
+    health_query = select(
+        STATES.c.name, STATES.c.consecutive_failures, STATES.c.paused_until, STATES.c.disabled
+    ).where(STATES.c.name.in_(names))
     async with engine.connect() as conn:
-        event = (await conn.execute(query)).one()
-    health = event if event.consecutive_failures is not None else None
-    return Claim(delivery, event, health, token)
+        events = {
+            e.id: e for e in await conn.execute(select(EVENTS).where(EVENTS.c.id.in_(event_ids)))
+        }
+        health = {h.name: h for h in await conn.execute(health_query)}
+    return {
+        d.id: Claim(d, events[d.event_id], health.get(d.destination), token) for d in deliveries
+    }
 
 
 async def release(
@@ -247,50 +284,90 @@ async def record_attempt(
 ) -> bool:
     """Store an attempt, the delivery's new state and (when given) the destination's health
     change, in one transaction. ``False`` when the lease was lost meanwhile (nothing written)."""
-    delivery = claimed.delivery
-    number = delivery.attempts + 1
-    finished = result.started_at + timedelta(milliseconds=result.duration_ms)
+    record = AttemptRecord(claimed, result, status, next_attempt_at, health_change)
+    return (await record_attempts(engine, [record]))[0]
+
+
+async def record_attempts(engine: AsyncEngine, records: Sequence[AttemptRecord]) -> list[bool]:
+    """:func:`record_attempt` for several claimed deliveries in one transaction; per outcome,
+    ``False`` when its lease was lost meanwhile (nothing of it written). Health changes of one
+    destination are applied in order, as one read-modify-write of its row."""
+    owned: list[bool] = []
+    attempts: list[dict[str, Any]] = []
+    changes: dict[str, list[tuple[HealthChange, datetime]]] = {}
     async with engine.begin() as conn:
-        updated = await conn.execute(
-            _owned(claimed).values(
-                status=status,
-                attempts=number,
-                first_attempt_at=delivery.first_attempt_at or result.started_at,
-                last_attempt_at=result.started_at,
-                next_attempt_at=next_attempt_at,
-                finished_at=finished if status in (SUCCEEDED, DEAD) else None,
-                last_status_code=result.status_code,
-                last_error=(result.error or None) and result.error[:1000],
-                leased_until=None,
-                lease_token=None,
+        for outcome in records:
+            delivery, result = outcome.claimed.delivery, outcome.result
+            number = delivery.attempts + 1
+            finished = result.started_at + timedelta(milliseconds=result.duration_ms)
+            updated = await conn.execute(
+                _RECORD,
+                {
+                    "b_id": delivery.id,
+                    "b_token": outcome.claimed.token,
+                    "b_status": outcome.status,
+                    "b_attempts": number,
+                    "b_first": delivery.first_attempt_at or result.started_at,
+                    "b_last": result.started_at,
+                    "b_next": outcome.next_attempt_at,
+                    "b_finished": finished if outcome.status in (SUCCEEDED, DEAD) else None,
+                    "b_code": result.status_code,
+                    "b_error": (result.error or None) and result.error[:1000],
+                },
             )
-        )
-        if updated.rowcount != 1:
-            await conn.rollback()
-            return False
-        await conn.execute(
-            insert(ATTEMPTS).values(
-                delivery_id=delivery.id,
-                number=number,
-                started_at=result.started_at,
-                duration_ms=result.duration_ms,
-                status_code=result.status_code,
-                error=result.error and result.error[:1000],
-                response_excerpt=result.response_excerpt and result.response_excerpt[:1024],
+            owned.append(updated.rowcount == 1)
+            if not owned[-1]:
+                continue
+            attempts.append(
+                {
+                    "delivery_id": delivery.id,
+                    "number": number,
+                    "started_at": result.started_at,
+                    "duration_ms": result.duration_ms,
+                    "status_code": result.status_code,
+                    "error": result.error and result.error[:1000],
+                    "response_excerpt": result.response_excerpt and result.response_excerpt[:1024],
+                }
             )
-        )
-        if number > KEEP_FIRST_ATTEMPTS + KEEP_LAST_ATTEMPTS:
-            await conn.execute(
-                delete(ATTEMPTS).where(
-                    ATTEMPTS.c.delivery_id == delivery.id,
-                    ATTEMPTS.c.number > KEEP_FIRST_ATTEMPTS,
-                    ATTEMPTS.c.number <= number - KEEP_LAST_ATTEMPTS,
+            if number > KEEP_FIRST_ATTEMPTS + KEEP_LAST_ATTEMPTS:
+                await conn.execute(
+                    delete(ATTEMPTS).where(
+                        ATTEMPTS.c.delivery_id == delivery.id,
+                        ATTEMPTS.c.number > KEEP_FIRST_ATTEMPTS,
+                        ATTEMPTS.c.number <= number - KEEP_LAST_ATTEMPTS,
+                    )
                 )
-            )
-        if health_change is not None:
-            current = await _health_for_update(conn, delivery.destination)
-            await _save_health(conn, delivery.destination, health_change(current), finished)
-    return True
+            if outcome.health_change is not None:
+                changes.setdefault(delivery.destination, []).append(
+                    (outcome.health_change, finished)
+                )
+        if attempts:
+            await conn.execute(insert(ATTEMPTS), attempts)
+        for name, steps in changes.items():
+            health: Mapping[str, Any] = await _health_for_update(conn, name)
+            for change, _ in steps:
+                health = change(health)
+            await _save_health(conn, name, health, max(at for _, at in steps))
+    return owned
+
+
+_RECORD = (
+    update(DELIVERIES)
+    .where(DELIVERIES.c.id == bindparam("b_id"), DELIVERIES.c.lease_token == bindparam("b_token"))
+    .values(
+        status=bindparam("b_status"),
+        attempts=bindparam("b_attempts"),
+        first_attempt_at=bindparam("b_first"),
+        last_attempt_at=bindparam("b_last"),
+        next_attempt_at=bindparam("b_next"),
+        finished_at=bindparam("b_finished"),
+        last_status_code=bindparam("b_code"),
+        last_error=bindparam("b_error"),
+        leased_until=None,
+        lease_token=None,
+    )
+)
+"""One delivery's new state after an attempt, only while its lease is still this claim's."""
 
 
 async def update_health(

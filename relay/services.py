@@ -68,8 +68,7 @@ def router_for(settings: Settings) -> Router:
 
 def lease_for(settings: Settings) -> timedelta:
     """The attempt lease (also the arq job timeout): the longest destination timeout + margin."""
-    return attempt_lease((d.timeout for d in settings.destinations.values()),
-                         settings.lease_margin)
+    return attempt_lease((d.timeout for d in settings.destinations.values()), settings.lease_margin)
 
 
 def worker_services(
@@ -85,7 +84,12 @@ def worker_services(
     }
     queue = JobQueue(pool)
     deliverer = Deliverer(
-        engine, targets, settings.resolved_policies(), clock=clock, lease=lease_for(settings)
+        engine,
+        targets,
+        settings.resolved_policies(),
+        clock=clock,
+        lease=lease_for(settings),
+        concurrency=settings.worker_concurrency,
     )
     sweeper = Sweeper(
         engine, router_for(settings), queue, clock=clock, interval=settings.sweep_interval

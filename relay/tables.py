@@ -65,6 +65,7 @@ class Delivery(SQLModel, table=True):
     lease_token: str | None = Field(default=None, max_length=36)
     last_status_code: int | None = None
     last_error: str | None = Field(default=None, max_length=1000)
+    job_id: str | None = Field(default=None, max_length=64)  # the batch job of its first attempt
 
 
 class DeliveryAttempt(SQLModel, table=True):

@@ -18,6 +18,7 @@ from arq.connections import ArqRedis
 from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from relay.delivery import AttemptsFailed
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME
 from relay.services import WorkerServices, lease_for, worker_services
 from relay.settings import Settings
@@ -27,12 +28,17 @@ log = logging.getLogger(__name__)
 SERVICES = "relay"
 
 
-async def deliver(ctx: dict[str, Any], delivery_id: str) -> None:
-    """arq job: one attempt of one delivery, then its next job if it needs one."""
+async def deliver(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
+    """arq job: one attempt of one delivery (an id) or of each of a routing batch (a list),
+    then the next jobs they need."""
     services: WorkerServices = ctx[SERVICES]
-    next_due = await services.deliverer.attempt(delivery_id)
-    if next_due is not None:
-        await services.queue.enqueue([next_due])
+    ids = [delivery_ids] if isinstance(delivery_ids, str) else delivery_ids
+    try:
+        next_due = await services.deliverer.attempt_many(ids)
+    except AttemptsFailed as failed:
+        await services.queue.enqueue(failed.next_due)
+        raise
+    await services.queue.enqueue(next_due)
 
 
 def build_worker(

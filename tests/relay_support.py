@@ -60,6 +60,9 @@ class Relay:
         destinations: Mapping[str, dict[str, Any]],
         clock: Clock,
         policies: Mapping[str, Any] | None = None,
+        *,
+        lease: timedelta = timedelta(minutes=1),
+        concurrency: int = 50,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -72,7 +75,12 @@ class Relay:
         }
         configs = TypeAdapter(PolicyConfigs).validate_python(policies or {})
         self.deliverer = Deliverer(
-            engine, targets, resolve_policies(configs), clock=clock, lease=timedelta(minutes=1)
+            engine,
+            targets,
+            resolve_policies(configs),
+            clock=clock,
+            lease=lease,
+            concurrency=concurrency,
         )
 
     async def route_all(self) -> list[outbox.Due]:

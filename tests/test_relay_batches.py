@@ -1,0 +1,176 @@
+"""Batched work in the relay: routing batch jobs, grouped claims and records, start windows."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from arq.connections import ArqRedis
+from redis.asyncio import Redis
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from relay import inspect, outbox
+from relay.grouping import Coalescer
+from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
+from relay.outbox import DELIVERIES, JOB_BATCH, AttemptRecord, AttemptResult
+from relay.simulator import factories
+from relay.tables import SUCCEEDED
+from tests.relay_support import Clock, Relay, store_events
+from tests.support import Answer, Sink
+
+EVENTS = JOB_BATCH + 5
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def relay(engine: AsyncEngine, clock: Clock, sink: Sink) -> AsyncIterator[Relay]:
+    made = Relay(engine, {"crm": {"type": "http", "url": sink.url()}}, clock)
+    yield made
+    await made.aclose()
+
+
+async def routed(engine: AsyncEngine, relay: Relay, clock: Clock, count: int) -> list[outbox.Due]:
+    await store_events(
+        engine, [("/hooks/sms/dlr", factories.sms_dlr()) for _ in range(count)], clock
+    )
+    return await relay.route_all()
+
+
+async def test_first_attempts_share_batch_jobs_on_real_redis(
+    engine: AsyncEngine, clock: Clock, relay: Relay, redis: Redis
+) -> None:
+    due = await routed(engine, relay, clock, EVENTS)
+    batches: dict[str | None, list[str]] = {}
+    for item in due:
+        batches.setdefault(item.job, []).append(item.id)
+    assert None not in batches
+    assert sorted(len(ids) for ids in batches.values()) == [EVENTS - JOB_BATCH, JOB_BATCH]
+
+    queue = JobQueue(ArqRedis(connection_pool=redis.connection_pool))
+    assert await queue.enqueue(due) == 2  # one arq job per batch
+    assert await queue.enqueue(due) == 0  # the same batch jobs again: refused
+    jobs = await queue.pool.queued_jobs(queue_name=QUEUE_NAME)
+    assert {job.job_id: job.args[0] for job in jobs} == batches
+    assert await queue.without_jobs(due) == []
+
+    gone, kept = list(batches)  # one batch job is lost (a flushed Redis)
+    await redis.zrem(QUEUE_NAME, gone)
+    orphans = await queue.without_jobs(due)
+    assert [o.id for o in orphans] == batches[gone]
+    assert all(o.job is None for o in orphans)  # re-enqueued one by one
+    assert await queue.enqueue(orphans) == len(orphans)
+    assert await queue.without_jobs(due) == []
+    swept = await outbox.due_deliveries(engine, clock(), 1000)
+    assert {d.job for d in swept} == {gone, kept}  # the rows remember their batch job
+
+
+async def test_concurrent_attempts_share_claim_and_record_transactions(
+    engine: AsyncEngine,
+    clock: Clock,
+    relay: Relay,
+    sink: Sink,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: dict[str, list[int]] = {"claim": [], "record": []}
+    claim_many, record_attempts = outbox.claim_many, outbox.record_attempts
+
+    async def counted_claim(engine: AsyncEngine, ids: Any, *args: Any) -> Any:
+        calls["claim"].append(len(ids))
+        return await claim_many(engine, ids, *args)
+
+    async def counted_record(engine: AsyncEngine, records: Any) -> Any:
+        calls["record"].append(len(records))
+        return await record_attempts(engine, records)
+
+    monkeypatch.setattr(outbox, "claim_many", counted_claim)
+    monkeypatch.setattr(outbox, "record_attempts", counted_record)
+    due = await routed(engine, relay, clock, EVENTS)
+
+    assert await relay.deliverer.attempt_many([d.id for d in due]) == []
+    assert sum(calls["claim"]) == sum(calls["record"]) == EVENTS
+    assert len(calls["claim"]) <= 3  # the first alone, then all that waited behind it
+    assert len(calls["record"]) < EVENTS  # answers come back spread out, yet records group
+    assert sorted(r.headers["webhook-id"] for r in sink.requests) == sorted(
+        row["event_id"] for row in await inspect.list_deliveries(engine, limit=100)
+    )
+    rows = await inspect.list_deliveries(engine, limit=100)
+    assert all(r["status"] == SUCCEEDED and r["attempts"] == 1 for r in rows)
+
+
+async def test_attempts_without_a_slot_in_time_come_back_as_jobs_of_their_own(
+    engine: AsyncEngine, clock: Clock, sink: Sink
+) -> None:
+    # lease 1.4 s = timeout 1 s + 0.4 s margin: a batch job starts its attempts within 0.2 s
+    relay = Relay(
+        engine,
+        {"crm": {"type": "http", "url": sink.url(), "timeout": "1s"}},
+        clock,
+        lease=timedelta(seconds=1.4),
+        concurrency=1,
+    )
+    try:
+        sink.answers["/hook"] = Answer(200, delay=0.5)
+        due = await routed(engine, relay, clock, 3)
+        later = await relay.deliverer.attempt_many([d.id for d in due])
+        assert len(sink.requests) == 1  # the only slot was busy past the window
+        assert sorted(d.id for d in later) == sorted(d.id for d in due[1:])
+        assert all(d.job is None and d.at == clock() for d in later)
+        assert len({deliver_job_id(d) for d in later}) == 2
+        rounds = 0
+        while later:  # each job makes progress: at least one attempt gets the slot
+            later = await relay.deliverer.attempt_many([d.id for d in later])
+            rounds += 1
+        assert rounds == 2 and len(sink.requests) == 3
+    finally:
+        await relay.aclose()
+
+
+async def test_a_lost_lease_fails_only_its_own_record(
+    engine: AsyncEngine, clock: Clock, relay: Relay
+) -> None:
+    due = await routed(engine, relay, clock, 2)
+    claims = await outbox.claim_many(engine, [d.id for d in due], clock(), timedelta(minutes=1))
+    first, second = (claims[d.id] for d in due)
+    async with engine.begin() as conn:  # another worker took the second over
+        await conn.execute(
+            update(DELIVERIES).where(DELIVERIES.c.id == second.delivery.id).values(lease_token="x")
+        )
+    result = AttemptResult(clock(), 12.0, 200, None, "ok")
+    records = [AttemptRecord(c, result, SUCCEEDED, None) for c in (first, second)]
+    assert await outbox.record_attempts(engine, records) == [True, False]
+    shown = {d["id"]: d for d in await inspect.list_deliveries(engine, limit=10)}
+    assert shown[first.delivery.id]["status"] == SUCCEEDED
+    assert shown[second.delivery.id]["attempts"] == 0
+
+
+async def test_coalescer_groups_calls_made_while_a_group_runs() -> None:
+    groups: list[list[int]] = []
+
+    async def run(items: list[int]) -> list[int | BaseException]:
+        groups.append(items)
+        await asyncio.sleep(0.01)
+        return [ValueError(i) if i == 3 else i * 10 for i in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(run)
+    results = await asyncio.gather(*(coalescer.submit(i) for i in range(6)), return_exceptions=True)
+    assert groups == [[0], [1, 2, 3, 4, 5]]
+    assert results[:3] == [0, 10, 20] and results[4:] == [40, 50]
+    assert isinstance(results[3], ValueError)
+
+
+async def test_coalescer_fails_every_caller_of_a_failed_group() -> None:
+    async def run(items: list[int]) -> list[int | BaseException]:
+        raise ConnectionError("database gone")
+
+    coalescer: Coalescer[int, int] = Coalescer(run)
+    results = await asyncio.gather(*(coalescer.submit(i) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, ConnectionError) for r in results)
+    assert await asyncio.gather(coalescer.submit(1), return_exceptions=True)  # still usable
