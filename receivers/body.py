@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic_core import from_json
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
@@ -69,6 +70,10 @@ def decode_json(raw: bytes) -> Any:
         raise Undecodable(f"The body is not UTF-8 (byte {exc.start}).") from None
     if _nesting_depth(text) > MAX_JSON_DEPTH:
         raise Undecodable(f"The JSON is nested deeper than {MAX_JSON_DEPTH} levels.")
+    try:
+        return from_json(raw, allow_inf_nan=True)  # jiter: the same values, twice as fast
+    except ValueError:
+        pass  # json decides, and words the error (it also takes a few bodies jiter refuses)
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:

@@ -44,7 +44,9 @@ class PlatformPayload(BaseModel):
         if not isinstance(data, dict):
             return data
         index, canonical_names = cls._key_index, cls._canonical_names
-        if all(key in canonical_names or key.lower() not in index for key in data):
+        if canonical_names.issuperset(data) or all(
+            key in canonical_names or key.lower() not in index for key in data
+        ):
             return data  # the usual case: nothing to rename
         renamed: dict[str, Any] = {}
         for key, value in data.items():

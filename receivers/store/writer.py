@@ -95,6 +95,7 @@ class EventWriter:
         self._hook_batch = hook_batch
         self._hook_delay = hook_delay
         self._store: BatchStore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: deque[_Pending] = deque()
         self._writing = 0
         self._unhooked: list[StoredEvent] = []
@@ -103,7 +104,8 @@ class EventWriter:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """Open the store."""
+        """Open the store (in the event loop that will use it)."""
+        self._loop = asyncio.get_running_loop()
         self._store = batch_store(self._engine)
 
     async def stop(self) -> None:
@@ -129,9 +131,9 @@ class EventWriter:
         await self._submit(rejection)
 
     def _submit(self, item: Arrival | Rejection) -> asyncio.Future[Any]:
-        if self._store is None:
+        if self._store is None or self._loop is None:
             raise StoreUnavailable("the event writer is not running")
-        future = asyncio.get_running_loop().create_future()
+        future = self._loop.create_future()  # asyncio.get_running_loop() costs a getpid()
         self._queue.append(_Pending(item, future))
         self._pump(self._store)
         return future
