@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from relay import outbox
 from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 
 FALLBACK_POLICY = "standard"
 DEFAULT_CONCURRENCY = 50
+
+
+@dataclass(frozen=True)
+class Release:
+    """A claim given back unused (see :meth:`Deliverer.attempt_many`)."""
+
+    claimed: Claim
+
+
+OutboxRequest = str | AttemptRecord | Release
+"""What attempts ask of the outbox: a claim (a delivery id), a record, a release."""
 
 
 @dataclass(frozen=True)
@@ -71,24 +82,32 @@ class Deliverer:
         self._slots = asyncio.Semaphore(concurrency)
         longest = max((t.timeout for t in targets.values()), default=timedelta(0))
         self._start_window = max(lease - longest, timedelta(0)).total_seconds() / 2
-        self._claims: Coalescer[str, Claim | None] = Coalescer(self._claim_group)
-        self._records: Coalescer[AttemptRecord, bool] = Coalescer(self._record_group)
+        self._outbox: Coalescer[OutboxRequest, Claim | bool | None] = Coalescer(self._outbox_group)
 
     async def attempt(self, delivery_id: str) -> Due | None:
         """Attempt the delivery if it is due and free; returns its next job, if it needs one."""
         async with self._slots:
-            return await self._attempt(delivery_id)
+            claimed = await self._outbox.submit(delivery_id)
+            assert not isinstance(claimed, bool)
+            return await self._attempt(claimed) if claimed is not None else None
 
     async def attempt_many(self, delivery_ids: Sequence[str]) -> list[Due]:
-        """Attempt each delivery (concurrently, within the worker's slots); returns the next
-        jobs they need. An attempt that fails does not stop the others: the first such
-        error is raised once all have finished.
+        """Attempt each delivery that is due and free (concurrently, within the worker's
+        slots); returns the next jobs they need. They are claimed together, up front; an
+        attempt that fails does not stop the others: the first such error is raised once all
+        have finished.
 
         A job must end within its lease (arq's job timeout), so an attempt that gets no slot
-        within half the lease margin is not made here: it comes back as a job of its own."""
+        within half the lease margin is not made here: its lease is given back and it comes
+        back as a job of its own."""
         deadline = asyncio.get_running_loop().time() + self._start_window
+        claims = await self._outbox.submit_many(list(delivery_ids))
         results = await asyncio.gather(
-            *(self._attempt_by(delivery_id, deadline) for delivery_id in delivery_ids),
+            *(
+                self._attempt_by(claimed, deadline)
+                for claimed in claims
+                if isinstance(claimed, Claim | BaseException)
+            ),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -97,41 +116,73 @@ class Deliverer:
             raise _with_next(errors[0], next_due)
         return next_due
 
-    async def _attempt_by(self, delivery_id: str, deadline: float) -> Due | None:
+    async def _attempt_by(self, claimed: Claim | BaseException, deadline: float) -> Due | None:
+        if isinstance(claimed, BaseException):
+            raise claimed
         try:
             async with asyncio.timeout_at(deadline):
                 await self._slots.acquire()
         except TimeoutError:
-            return Due(delivery_id, 0, self._clock())  # a new job id: now and attempts 0
+            await self._outbox.submit(Release(claimed))
+            delivery = claimed.delivery
+            return Due(delivery.id, delivery.attempts, self._clock())  # new: a later time
         try:
-            return await self._attempt(delivery_id)
+            return await self._attempt(claimed)
         finally:
             self._slots.release()
 
-    async def _claim_group(self, delivery_ids: list[str]) -> list[Claim | None]:
-        claims = await outbox.claim_many(self._engine, delivery_ids, self._clock(), self._lease)
+    async def _outbox_group(
+        self, items: list[OutboxRequest]
+    ) -> list[Claim | bool | BaseException | None]:
+        """One transaction for what the worker's attempts asked meanwhile: the records of those
+        that finished (they free leases and update destinations' health), the releases, then
+        the claims of those about to start. Should it fail, each record is retried in a
+        transaction of its own (one bad record cannot fail the others), then the rest."""
+        records = [item for item in items if isinstance(item, AttemptRecord)]
+        releases = [item.claimed for item in items if isinstance(item, Release)]
+        ids = [item for item in items if isinstance(item, str)]
+        recorded: list[bool | BaseException]
+        claims: list[Claim | BaseException | None]
+        try:
+            async with self._engine.begin() as conn:
+                recorded = list(await outbox.record_on(conn, records)) if records else []
+                if releases:
+                    await outbox.release_on(conn, releases)
+                claimed = await self._claim_on(conn, ids) if ids else []
+                claims = list(claimed)
+        except Exception as exc:
+            if len(items) == 1 and not isinstance(exc, outbox.LeaseLost):
+                raise
+            recorded = [await self._record_alone(record) for record in records]
+            try:
+                async with self._engine.begin() as conn:
+                    if releases:
+                        await outbox.release_on(conn, releases)
+                    claims = list(await self._claim_on(conn, ids)) if ids else []
+            except Exception as claim_error:
+                claims = [claim_error] * len(ids)
+        by_record, by_claim = iter(recorded), iter(claims)
+        return [
+            next(by_record)
+            if isinstance(i, AttemptRecord)
+            else None
+            if isinstance(i, Release)
+            else next(by_claim)
+            for i in items
+        ]
+
+    async def _claim_on(self, conn: AsyncConnection, delivery_ids: list[str]) -> list[Claim | None]:
+        claims = await outbox.claim_on(conn, delivery_ids, self._clock(), self._lease)
         # the same delivery twice in a group (two of its jobs at once): one attempt only
         return [claims.pop(delivery_id, None) for delivery_id in delivery_ids]
 
-    async def _record_group(self, records: list[AttemptRecord]) -> list[bool | BaseException]:
+    async def _record_alone(self, record: AttemptRecord) -> bool | BaseException:
         try:
-            return list(await outbox.record_attempts(self._engine, records))
-        except Exception:
-            if len(records) == 1:
-                raise
-        # one of them broke the shared transaction: record each on its own
-        results: list[bool | BaseException] = []
-        for record in records:
-            try:
-                results.append((await outbox.record_attempts(self._engine, [record]))[0])
-            except Exception as exc:
-                results.append(exc)
-        return results
+            return (await outbox.record_attempts(self._engine, [record]))[0]
+        except Exception as exc:
+            return exc
 
-    async def _attempt(self, delivery_id: str) -> Due | None:
-        claimed = await self._claims.submit(delivery_id)
-        if claimed is None:
-            return None
+    async def _attempt(self, claimed: Claim) -> Due | None:
         now = self._clock()
         delivery = claimed.delivery
         target = self._targets.get(delivery.destination)
@@ -209,7 +260,7 @@ class Deliverer:
             error=outcome.error,
             response_excerpt=outcome.response_excerpt,
         )
-        recorded = await self._records.submit(
+        recorded = await self._outbox.submit(
             AttemptRecord(claimed, result, status, next_at, _on_rows(change) if change else None)
         )
         if not recorded:

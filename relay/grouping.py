@@ -37,6 +37,17 @@ class Coalescer(Generic[T, R]):
         self._pump()
         return await future
 
+    async def submit_many(self, items: Sequence[T]) -> list[R | BaseException]:
+        """Run ``items`` together (in the next group, or the next few when they are many);
+        returns each one's result or exception, in order."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[R]] = []
+        for item in items:
+            futures.append(loop.create_future())
+            self._queue.append((item, futures[-1]))
+        self._pump()
+        return list(await asyncio.gather(*futures, return_exceptions=True))
+
     def _pump(self) -> None:
         if self._running is not None or not self._queue:
             return

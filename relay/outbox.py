@@ -220,6 +220,14 @@ async def claim_many(
 ) -> dict[str, Claim]:
     """Lease those of the deliveries that are due and free, in one transaction (one conditional
     UPDATE), and read their events and destinations' health; keyed by delivery id."""
+    async with engine.begin() as conn:
+        return await claim_on(conn, delivery_ids, now, lease)
+
+
+async def claim_on(
+    conn: AsyncConnection, delivery_ids: Sequence[str], now: datetime, lease: timedelta
+) -> dict[str, Claim]:
+    """:func:`claim_many` in the caller's transaction."""
     token = str(uuid.uuid4())
     statement = (
         update(DELIVERIES)
@@ -232,8 +240,7 @@ async def claim_many(
         .values(leased_until=now + lease, lease_token=token)
         .returning(*DELIVERIES.c)
     )
-    async with engine.begin() as conn:
-        deliveries = (await conn.execute(statement)).all()
+    deliveries = (await conn.execute(statement)).all()
     if not deliveries:
         return {}
     event_ids = list({d.event_id for d in deliveries})
@@ -241,11 +248,8 @@ async def claim_many(
     health_query = select(
         STATES.c.name, STATES.c.consecutive_failures, STATES.c.paused_until, STATES.c.disabled
     ).where(STATES.c.name.in_(names))
-    async with engine.connect() as conn:
-        events = {
-            e.id: e for e in await conn.execute(select(EVENTS).where(EVENTS.c.id.in_(event_ids)))
-        }
-        health = {h.name: h for h in await conn.execute(health_query)}
+    events = {e.id: e for e in await conn.execute(select(EVENTS).where(EVENTS.c.id.in_(event_ids)))}
+    health = {h.name: h for h in await conn.execute(health_query)}
     return {
         d.id: Claim(d, events[d.event_id], health.get(d.destination), token) for d in deliveries
     }
@@ -289,66 +293,94 @@ async def record_attempt(
 
 
 async def record_attempts(engine: AsyncEngine, records: Sequence[AttemptRecord]) -> list[bool]:
-    """:func:`record_attempt` for several claimed deliveries in one transaction; per outcome,
-    ``False`` when its lease was lost meanwhile (nothing of it written). Health changes of one
-    destination are applied in order, as one read-modify-write of its row."""
-    owned: list[bool] = []
+    """:func:`record_attempt` for several claimed deliveries in one transaction; per record,
+    ``False`` when its lease was lost meanwhile (nothing of it written)."""
+    try:
+        async with engine.begin() as conn:
+            return await record_on(conn, records)
+    except LeaseLost:
+        async with engine.begin() as conn:
+            return await record_on(conn, records, one_by_one=True)
+
+
+class LeaseLost(Exception):
+    """A grouped record found a lease gone; the transaction must be rolled back and the
+    records written one by one (which tells which one)."""
+
+
+async def record_on(
+    conn: AsyncConnection, records: Sequence[AttemptRecord], *, one_by_one: bool = False
+) -> list[bool]:
+    """:func:`record_attempts` in the caller's transaction. Health changes of one destination
+    are applied in order, as one read-modify-write of its row. Where the driver counts the rows
+    of a parameter list, the deliveries are one statement and a lost lease raises
+    :class:`LeaseLost`; otherwise (or ``one_by_one``) one statement each, and a lost lease
+    answers ``False``."""
+    params = [_record_params(record) for record in records]
+    if len(params) > 1 and not one_by_one and conn.dialect.supports_sane_multi_rowcount:
+        if (await conn.execute(_RECORD, params)).rowcount != len(params):
+            raise LeaseLost(f"a lease was lost among {len(params)} deliveries")
+        owned = [True] * len(params)
+    else:
+        owned = [(await conn.execute(_RECORD, p)).rowcount == 1 for p in params]
     attempts: list[dict[str, Any]] = []
     changes: dict[str, list[tuple[HealthChange, datetime]]] = {}
-    async with engine.begin() as conn:
-        for outcome in records:
-            delivery, result = outcome.claimed.delivery, outcome.result
-            number = delivery.attempts + 1
-            finished = result.started_at + timedelta(milliseconds=result.duration_ms)
-            updated = await conn.execute(
-                _RECORD,
-                {
-                    "b_id": delivery.id,
-                    "b_token": outcome.claimed.token,
-                    "b_status": outcome.status,
-                    "b_attempts": number,
-                    "b_first": delivery.first_attempt_at or result.started_at,
-                    "b_last": result.started_at,
-                    "b_next": outcome.next_attempt_at,
-                    "b_finished": finished if outcome.status in (SUCCEEDED, DEAD) else None,
-                    "b_code": result.status_code,
-                    "b_error": (result.error or None) and result.error[:1000],
-                },
-            )
-            owned.append(updated.rowcount == 1)
-            if not owned[-1]:
-                continue
-            attempts.append(
-                {
-                    "delivery_id": delivery.id,
-                    "number": number,
-                    "started_at": result.started_at,
-                    "duration_ms": result.duration_ms,
-                    "status_code": result.status_code,
-                    "error": result.error and result.error[:1000],
-                    "response_excerpt": result.response_excerpt and result.response_excerpt[:1024],
-                }
-            )
-            if number > KEEP_FIRST_ATTEMPTS + KEEP_LAST_ATTEMPTS:
-                await conn.execute(
-                    delete(ATTEMPTS).where(
-                        ATTEMPTS.c.delivery_id == delivery.id,
-                        ATTEMPTS.c.number > KEEP_FIRST_ATTEMPTS,
-                        ATTEMPTS.c.number <= number - KEEP_LAST_ATTEMPTS,
-                    )
+    for record, mine in zip(records, owned, strict=True):
+        if not mine:
+            continue
+        delivery, result = record.claimed.delivery, record.result
+        number = delivery.attempts + 1
+        attempts.append(
+            {
+                "delivery_id": delivery.id,
+                "number": number,
+                "started_at": result.started_at,
+                "duration_ms": result.duration_ms,
+                "status_code": result.status_code,
+                "error": result.error and result.error[:1000],
+                "response_excerpt": result.response_excerpt and result.response_excerpt[:1024],
+            }
+        )
+        if number > KEEP_FIRST_ATTEMPTS + KEEP_LAST_ATTEMPTS:
+            await conn.execute(
+                delete(ATTEMPTS).where(
+                    ATTEMPTS.c.delivery_id == delivery.id,
+                    ATTEMPTS.c.number > KEEP_FIRST_ATTEMPTS,
+                    ATTEMPTS.c.number <= number - KEEP_LAST_ATTEMPTS,
                 )
-            if outcome.health_change is not None:
-                changes.setdefault(delivery.destination, []).append(
-                    (outcome.health_change, finished)
-                )
-        if attempts:
-            await conn.execute(insert(ATTEMPTS), attempts)
-        for name, steps in changes.items():
-            health: Mapping[str, Any] = await _health_for_update(conn, name)
-            for change, _ in steps:
-                health = change(health)
-            await _save_health(conn, name, health, max(at for _, at in steps))
+            )
+        if record.health_change is not None:
+            changes.setdefault(delivery.destination, []).append(
+                (record.health_change, _finished(result))
+            )
+    if attempts:
+        await conn.execute(insert(ATTEMPTS), attempts)
+    for name, steps in changes.items():
+        health: Mapping[str, Any] = await _health_for_update(conn, name)
+        for change, _ in steps:
+            health = change(health)
+        await _save_health(conn, name, health, max(at for _, at in steps))
     return owned
+
+
+def _finished(result: AttemptResult) -> datetime:
+    return result.started_at + timedelta(milliseconds=result.duration_ms)
+
+
+def _record_params(record: AttemptRecord) -> dict[str, Any]:
+    delivery, result = record.claimed.delivery, record.result
+    return {
+        "b_id": delivery.id,
+        "b_token": record.claimed.token,
+        "b_status": record.status,
+        "b_attempts": delivery.attempts + 1,
+        "b_first": delivery.first_attempt_at or result.started_at,
+        "b_last": result.started_at,
+        "b_next": record.next_attempt_at,
+        "b_finished": _finished(result) if record.status in (SUCCEEDED, DEAD) else None,
+        "b_code": result.status_code,
+        "b_error": (result.error or None) and result.error[:1000],
+    }
 
 
 _RECORD = (
@@ -404,6 +436,18 @@ async def _save_health(
     }
     statement = _insert(conn, STATES).values(name=name, **values)
     await conn.execute(statement.on_conflict_do_update(index_elements=["name"], set_=values))
+
+
+async def release_on(conn: AsyncConnection, claims: Sequence[Claim]) -> None:
+    """Give leases back unused (the delivery stays due as it was), in the caller's transaction."""
+    await conn.execute(_RELEASE, [{"b_id": c.delivery.id, "b_token": c.token} for c in claims])
+
+
+_RELEASE = (
+    update(DELIVERIES)
+    .where(DELIVERIES.c.id == bindparam("b_id"), DELIVERIES.c.lease_token == bindparam("b_token"))
+    .values(leased_until=None, lease_token=None)
+)
 
 
 def _owned(claimed: Claim) -> Any:

@@ -23,6 +23,9 @@ from relay.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
+HTTP_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=100)
+"""The connection limits of a worker's HTTP destinations (one client, shared)."""
+
 
 class RoutingHook:
     """The receivers' after-commit hook: create the deliveries and enqueue their first jobs.
@@ -75,9 +78,7 @@ def worker_services(
     settings: Settings, engine: AsyncEngine, pool: ArqRedis, clock: Callable[[], datetime]
 ) -> WorkerServices:
     """Build the destinations and the deliverer of one worker."""
-    http_client = new_http_client(
-        limits=httpx.Limits(max_connections=200, max_keepalive_connections=100)
-    )
+    http_client = new_http_client(limits=HTTP_LIMITS)
     targets = {
         name: Target(build_destination(name, config, http_client=http_client), config.timeout)
         for name, config in settings.destinations.items()

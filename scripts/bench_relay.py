@@ -5,8 +5,9 @@ What is measured, in one run, one target after the other (never simultaneously):
 
 a) the baseline: this process POSTs the envelopes of the events (built with the relay's own
    ``envelope_bytes``, the same headers a destination sends) straight to the sink with one
-   ``httpx.AsyncClient`` (the worker's pool limits), ``--concurrency`` requests in flight, on
-   asyncio's default event loop (as `relay worker` runs);
+   ``httpx.AsyncClient`` over the worker's connection pools (``ShardedTransport``, the same
+   limits), ``--concurrency`` requests in flight, on asyncio's default event loop (as
+   `relay worker` runs);
 b) the relay: the events are POSTed to the receivers (``relay serve`` on a fresh SQLite database
    in WAL mode in a temp directory) by the lean keep-alive load generator of ``benchlib.py``
    (``--ingest-concurrency`` connections); the receivers store them, route them to the one
@@ -98,14 +99,15 @@ from benchlib import (
 
 from relay.destinations.http import USER_AGENT
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
+from relay.destinations.shards import ShardedTransport
 from relay.jobs import QUEUE_NAME
+from relay.services import HTTP_LIMITS
 
 REDIS_PORT = 6379
 SINK_PATH = "/relay"
 SOURCE = "default"
 WORKER_HEALTH_KEY = QUEUE_NAME + health_check_key_suffix  # set by arq after on_startup
 # The worker's HTTP pool (relay.services.worker_services); the baseline uses the same limits.
-WORKER_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=100)
 SETTLE_SECONDS = 10.0  # untimed wait for the deliveries' statuses in SQL to become final
 RECORDS_MARGIN_SECONDS = 10.0  # kept from the overall --timeout to fetch the records and report
 KIND_BY_PATH = {
@@ -356,7 +358,10 @@ async def run_baseline(sink: Sink, envelopes: Sequence[Envelope], concurrency: i
     indexes = iter(range(len(envelopes)))
 
     async with httpx.AsyncClient(
-        limits=WORKER_LIMITS, follow_redirects=False, trust_env=False, timeout=30
+        transport=ShardedTransport(HTTP_LIMITS),  # the worker's pools
+        follow_redirects=False,
+        trust_env=False,
+        timeout=30,
     ) as client:
 
         async def sender() -> None:

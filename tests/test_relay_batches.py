@@ -80,18 +80,18 @@ async def test_concurrent_attempts_share_claim_and_record_transactions(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: dict[str, list[int]] = {"claim": [], "record": []}
-    claim_many, record_attempts = outbox.claim_many, outbox.record_attempts
+    claim_on, record_on = outbox.claim_on, outbox.record_on
 
-    async def counted_claim(engine: AsyncEngine, ids: Any, *args: Any) -> Any:
+    async def counted_claim(conn: Any, ids: Any, *args: Any) -> Any:
         calls["claim"].append(len(ids))
-        return await claim_many(engine, ids, *args)
+        return await claim_on(conn, ids, *args)
 
-    async def counted_record(engine: AsyncEngine, records: Any) -> Any:
+    async def counted_record(conn: Any, records: Any) -> Any:
         calls["record"].append(len(records))
-        return await record_attempts(engine, records)
+        return await record_on(conn, records)
 
-    monkeypatch.setattr(outbox, "claim_many", counted_claim)
-    monkeypatch.setattr(outbox, "record_attempts", counted_record)
+    monkeypatch.setattr(outbox, "claim_on", counted_claim)
+    monkeypatch.setattr(outbox, "record_on", counted_record)
     due = await routed(engine, relay, clock, EVENTS)
 
     assert await relay.deliverer.attempt_many([d.id for d in due]) == []

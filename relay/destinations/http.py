@@ -15,6 +15,7 @@ from relay.destinations.errors import describe_error, timeout_error
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import EXCERPT_BYTES, Outcome, excerpt
 from relay.destinations.retry_after import parse_retry_after
+from relay.destinations.shards import ShardedTransport
 from relay.destinations.signing import Signer
 
 USER_AGENT = "callback-relay"
@@ -24,11 +25,12 @@ RETRY_AFTER_STATUSES = frozenset({429, 503})
 def new_http_client(
     transport: httpx.AsyncBaseTransport | None = None, *, limits: httpx.Limits | None = None
 ) -> httpx.AsyncClient:
-    """A client fit for relaying: pooled, no redirects followed, no cookies kept."""
+    """A client fit for relaying: pooled (in shards, see :class:`ShardedTransport`, unless a
+    ``transport`` is given), no redirects followed, no cookies kept."""
     no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+    limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
     return httpx.AsyncClient(
-        transport=transport,
-        limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        transport=transport or ShardedTransport(limits),
         follow_redirects=False,
         cookies=no_cookies,
         headers={"user-agent": USER_AGENT},
