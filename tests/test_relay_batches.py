@@ -7,18 +7,22 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from arq.connections import ArqRedis
+from arq.worker import Worker
 from redis.asyncio import Redis
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay import inspect, outbox
+from relay.destinations.shards import ShardedTransport
 from relay.grouping import Coalescer
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
 from relay.outbox import DELIVERIES, JOB_BATCH, AttemptRecord, AttemptResult
 from relay.simulator import factories
 from relay.tables import SUCCEEDED
+from relay.worker import RelayWorker
 from tests.relay_support import Clock, Relay, store_events
 from tests.support import Answer, Sink
 
@@ -174,3 +178,33 @@ async def test_coalescer_fails_every_caller_of_a_failed_group() -> None:
     results = await asyncio.gather(*(coalescer.submit(i) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, ConnectionError) for r in results)
     assert await asyncio.gather(coalescer.submit(1), return_exceptions=True)  # still usable
+
+
+async def test_sharded_pools_keep_the_overall_limits_and_spread_connections(sink: Sink) -> None:
+    transport = ShardedTransport(httpx.Limits(max_connections=20, max_keepalive_connections=10))
+    assert transport.shards == 3  # at most 8 connections each: 7 + 7 + 6 >= 20
+    sink.answers["/hook"] = Answer(200, delay=0.05)
+    async with httpx.AsyncClient(transport=transport) as client:
+        answers = await asyncio.gather(*(client.post(sink.url(), content=b"{}") for _ in range(12)))
+        pools = [shard._pool for shard in transport._shards]
+        assert [len(pool.connections) for pool in pools] == [4, 4, 4]  # round robin, kept alive
+    assert [a.status_code for a in answers] == [200] * 12
+    assert len(sink.requests) == 12
+    assert all(p._max_connections == 7 and p._max_keepalive_connections == 4 for p in pools)
+
+
+async def test_a_worker_does_not_ask_redis_again_about_the_jobs_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[list[bytes]] = []
+
+    async def start_jobs(self: Worker, job_ids: list[bytes]) -> None:
+        asked.append(job_ids)
+
+    monkeypatch.setattr(Worker, "start_jobs", start_jobs)
+    worker = RelayWorker.__new__(RelayWorker)  # only start_jobs is exercised
+    running = asyncio.get_running_loop().create_future()
+    worker.tasks = {"relay:deliver-batch:a": running}  # type: ignore[dict-item]
+    await worker.start_jobs([b"relay:deliver-batch:a", b"relay:deliver-batch:b"])
+    assert asked == [[b"relay:deliver-batch:b"]]
+    running.cancel()
