@@ -20,8 +20,9 @@ dropped at the end):
    sends it (captured from the engine), with nothing due and with 1,000 due, and of the
    unrouted-events query: the plan, its time, and whether ``ix_deliveries_due`` is used;
 5. (c) the 1,000 due deliveries claimed, attempted and recorded by the worker's
-   ``relay.delivery.Deliverer`` (``attempt(id)``: ``outbox.claim``, POST to the recording sink
-   ``scripts/sink_app.py``, ``outbox.record_attempt``), ``--concurrency`` (50, the default
+   ``relay.delivery.Deliverer`` (``attempt(id)``: a claim, POST to the recording sink
+   ``scripts/sink_app.py``, a record; concurrent attempts share those transactions),
+   ``--concurrency`` (50, the default
    ``worker_concurrency``) at once, without arq in between: deliveries/s and p50/p99 per
    attempt. The sink must have all of them and SQL must say succeeded.
 
