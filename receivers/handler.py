@@ -159,7 +159,7 @@ class HookEndpoint:
             await self._quarantine(scope, kind, problem, [], raw, content_type, remote_addr)
             return _answer_of(problem.response())
         try:
-            model = kind.model.model_validate(data)
+            model = kind.model.__pydantic_validator__.validate_python(data)  # model_validate
         except ValidationError as exc:
             errors = _field_errors(exc)
             fields = ", ".join(sorted({e["field"] for e in errors}))

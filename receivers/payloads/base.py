@@ -58,4 +58,8 @@ class PlatformPayload(BaseModel):
 
     def to_stored(self) -> dict[str, Any]:
         """The payload as stored: canonical field names, only what was sent, extras kept."""
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        # model_dump(mode="json", by_alias=True, exclude_unset=True), less its Python wrapper
+        stored: dict[str, Any] = self.__pydantic_serializer__.to_python(
+            self, mode="json", by_alias=True, exclude_unset=True
+        )
+        return stored

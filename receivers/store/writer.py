@@ -121,10 +121,9 @@ class EventWriter:
             self._schedule_hook()
         await store.close()
 
-    async def store(self, arrival: Arrival) -> Receipt:
-        """Store an event (or count a duplicate); returns once it is committed."""
-        result: Receipt = await self._submit(arrival)
-        return result
+    def store(self, arrival: Arrival) -> Awaitable[Receipt]:
+        """Store an event (or count a duplicate); the answer comes once it is committed."""
+        return self._submit(arrival)
 
     async def quarantine(self, rejection: Rejection) -> None:
         """Keep a rejected body (deduplicated by body hash); returns once committed."""
