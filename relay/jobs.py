@@ -60,25 +60,31 @@ class JobQueue:
         return sum(results)
 
     async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
-        """The deliveries whose job is neither queued nor running (one round trip), as single
-        jobs to enqueue (a batch job that is gone is not rebuilt: its members may be spread
-        over several pages, or done).
+        """The deliveries whose job is neither queued nor running, as single jobs to enqueue (a
+        batch job that is gone is not rebuilt: its members may be spread over several pages).
 
         arq keeps a job in its queue's sorted set until the job has finished, so a missing
-        score means the job is gone: done, or lost with a flushed Redis. A delivery's job is
-        its own (:func:`deliver_job_id`) or, for a first attempt, its batch job."""
-        if not due:
-            return []
-        async with self.pool.pipeline(transaction=False) as pipe:
-            for item in due:
-                pipe.zscore(QUEUE_NAME, deliver_job_id(item))
-                pipe.zscore(QUEUE_NAME, item.job or deliver_job_id(item))
-            scores = await pipe.execute()
+        score means the job is gone: done, or lost with a flushed Redis. A delivery's job is,
+        for a first attempt, its batch job (asked about once per batch), else its own
+        (:func:`deliver_job_id`). Two round trips at most."""
+        batches = list({item.job for item in due if item.job is not None})
+        queued = set(_queued(batches, await self._scores(batches)))
+        candidates = [item for item in due if item.job not in queued]
+        own = [deliver_job_id(item) for item in candidates]
+        scores = await self._scores(own)
         return [
             dataclasses.replace(item, job=None)
-            for item, own, batch in zip(due, scores[::2], scores[1::2], strict=True)
-            if own is None and batch is None
+            for item, score in zip(candidates, scores, strict=True)
+            if score is None
         ]
+
+    async def _scores(self, job_ids: Sequence[str]) -> list[float | None]:
+        if not job_ids:
+            return []
+        async with self.pool.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.zscore(QUEUE_NAME, job_id)
+            return list(await pipe.execute())
 
     async def _enqueue_one(self, function: str, arg: object, job_id: str, at: datetime) -> bool:
         async with self._limit:
@@ -86,3 +92,7 @@ class JobQueue:
                 function, arg, _job_id=job_id, _queue_name=QUEUE_NAME, _defer_until=at
             )
         return job is not None
+
+
+def _queued(job_ids: Sequence[str], scores: Sequence[float | None]) -> list[str]:
+    return [job_id for job_id, score in zip(job_ids, scores, strict=True) if score is not None]

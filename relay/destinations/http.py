@@ -59,7 +59,7 @@ class HttpDestination:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.name = name
-        self._url = config.url
+        self._url = httpx.URL(str(config.url))  # parsed once, not on every request
         self._format = config.format
         self._headers = dict(config.headers)
         secrets = [secret.get_secret_value() for secret in config.secret]
