@@ -21,6 +21,7 @@ from receivers.store.sqlite_rows import SQLITE_MAX_PARAMETERS, driver_values, in
 from receivers.store.tables import ReceivedEvent, RejectedBody
 
 EVENTS = ReceivedEvent.__table__
+STATEMENT_CACHE_SIZE = 1024  # multi-row inserts: one statement per batch size, two variants
 REJECTED = RejectedBody.__table__
 
 
@@ -141,10 +142,13 @@ class SqliteLane:
     """The writer's own SQLite connection (with the engine's pragmas: WAL, synchronous=FULL),
     used from a thread of its own, one batch after the other.
 
-    A batch costs that thread as few calls into SQLite as possible: the events are one multi-row
-    insert without RETURNING (its row count says whether any were stored already), begun
-    implicitly by the driver, then the commit. Every call gives up the GIL and then has to wait
-    for it while the event loop is busy."""
+    A batch costs that thread as few calls into SQLite as possible, since every call gives up the
+    GIL and then has to wait for it while the event loop is busy. The usual batch (new events,
+    no rejections) is one multi-row insert in autocommit mode: its own transaction, one call
+    where BEGIN, INSERT and COMMIT take three. When any of its rows conflicts, that statement
+    fails as a whole with nothing written, and the batch is written the general way: BEGIN, one
+    multi-row insert without RETURNING (its row count says whether any were stored already),
+    the copies counted, the rejections upserted, COMMIT."""
 
     slots = 2
 
@@ -166,6 +170,9 @@ class SqliteLane:
     def _write(self, events: list[Row], rejections: list[Row]) -> dict[Identity, str]:
         conn = self._connect()
         try:
+            if not rejections and self._insert_alone(conn, events):
+                return {identity(row): row["id"] for row in events}
+            conn.execute("BEGIN")
             ids = self._insert_events(conn, events)
             if rejections:
                 values = [self._rejected_values([row]) for row in rejections]
@@ -179,10 +186,22 @@ class SqliteLane:
             raise
         return ids
 
+    def _insert_alone(self, conn: sqlite3.Connection, events: list[Row]) -> bool:
+        """Insert the events in one autocommitted statement; False, with nothing written, when
+        there are none, too many for one statement, or any of them conflicts."""
+        if not events or len(events) > _EVENTS_PER_STATEMENT:
+            return False
+        try:
+            conn.execute(
+                insert_sql(EVENTS.name, _COLUMNS, (), len(events)), self._event_values(events)
+            )
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
     def _insert_events(self, conn: sqlite3.Connection, events: list[Row]) -> dict[Identity, str]:
         ids = {identity(row): row["id"] for row in events}
-        columns = tuple(EVENTS.c.keys())
-        chunk = SQLITE_MAX_PARAMETERS // len(columns)
+        columns, chunk = _COLUMNS, _EVENTS_PER_STATEMENT
         inserted = 0
         for start in range(0, len(events), chunk):
             part = events[start : start + chunk]
@@ -200,7 +219,12 @@ class SqliteLane:
 
     def _connect(self) -> sqlite3.Connection:
         if self._connection is None:
-            conn = sqlite3.connect(self._database, timeout=CONNECT_TIMEOUT_SECONDS)
+            conn = sqlite3.connect(
+                self._database,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                isolation_level=None,  # autocommit: transactions are begun explicitly
+                cached_statements=STATEMENT_CACHE_SIZE,
+            )
             _sqlite_pragmas(conn, None)
             self._connection = conn
         return self._connection
@@ -211,6 +235,8 @@ class SqliteLane:
             self._connection = None
 
 
+_COLUMNS = tuple(EVENTS.c.keys())
+_EVENTS_PER_STATEMENT = SQLITE_MAX_PARAMETERS // len(_COLUMNS)
 _FIND_EVENT = f"SELECT id FROM {EVENTS.name} WHERE " + " AND ".join(
     f"{name} = ?" for name in IDENTITY_COLUMNS
 )

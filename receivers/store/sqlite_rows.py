@@ -42,12 +42,11 @@ async def sqlite_insert_many(
 
 @functools.lru_cache(maxsize=1024)
 def insert_sql(table: str, columns: tuple[str, ...], conflict: tuple[str, ...], count: int) -> str:
-    """``INSERT ... VALUES (...), (...) ON CONFLICT (...) DO NOTHING`` for ``count`` rows."""
+    """``INSERT ... VALUES (...), (...) ON CONFLICT (...) DO NOTHING`` for ``count`` rows; with
+    no ``conflict`` columns, a plain insert (which fails as a whole on any conflict)."""
     values = "(" + ", ".join("?" * len(columns)) + ")"
-    return (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([values] * count)} "
-        f"ON CONFLICT ({', '.join(conflict)}) DO NOTHING"
-    )
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([values] * count)}"
+    return f"{sql} ON CONFLICT ({', '.join(conflict)}) DO NOTHING" if conflict else sql
 
 
 _UNSET = object()
