@@ -113,6 +113,8 @@ class HookEndpoint:
 
     async def _handle(self, scope: Scope, receive: Receive) -> Answer:
         raw_headers = scope["headers"]
+        if not isinstance(raw_headers, list):
+            raw_headers = list(raw_headers)  # as Starlette's Headers would
         first = dict(reversed(raw_headers))  # the first of repeated headers wins, as in Headers
         headers = Headers(raw=raw_headers)
         client = scope.get("client")
