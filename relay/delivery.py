@@ -99,7 +99,7 @@ class Deliverer:
 
         A job must end within its lease (arq's job timeout), so an attempt that gets no slot
         within half the lease margin is not made here: its lease is given back and it comes
-        back as a job of its own."""
+        back as a job of its own, at its due time (arq runs the oldest first)."""
         deadline = asyncio.get_running_loop().time() + self._start_window
         claims = await self._outbox.submit_many(list(delivery_ids))
         results = await asyncio.gather(
@@ -125,7 +125,9 @@ class Deliverer:
         except TimeoutError:
             await self._outbox.submit(Release(claimed))
             delivery = claimed.delivery
-            return Due(delivery.id, delivery.attempts, self._clock())  # new: a later time
+            # its own job, due when it was due: ahead of newer jobs in the queue, and the id the
+            # sweeper looks for (see :func:`relay.jobs.deliver_job_id`)
+            return Due(delivery.id, delivery.attempts, delivery.next_attempt_at)
         try:
             return await self._attempt(claimed)
         finally:

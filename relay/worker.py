@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from arq import func
@@ -19,13 +20,15 @@ from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay.delivery import AttemptsFailed
-from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME
+from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
+from relay.outbox import Due
 from relay.services import WorkerServices, lease_for, worker_services
 from relay.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SERVICES = "relay"
+ONE_MICROSECOND = timedelta(microseconds=1)
 
 
 async def deliver(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
@@ -36,9 +39,18 @@ async def deliver(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
     try:
         next_due = await services.deliverer.attempt_many(ids)
     except AttemptsFailed as failed:
-        await services.queue.enqueue(failed.next_due)
+        await services.queue.enqueue(not_this_job(failed.next_due, ctx.get("job_id")))
         raise
-    await services.queue.enqueue(next_due)
+    await services.queue.enqueue(not_this_job(next_due, ctx.get("job_id")))
+
+
+def not_this_job(due: list[Due], job_id: str | None) -> list[Due]:
+    """A single job that hands its delivery back unattempted would get its own id again, which
+    arq refuses while this job runs: that one is moved a microsecond later."""
+    return [
+        dataclasses.replace(d, at=d.at + ONE_MICROSECOND) if deliver_job_id(d) == job_id else d
+        for d in due
+    ]
 
 
 def build_worker(

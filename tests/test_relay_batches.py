@@ -19,11 +19,11 @@ from relay import inspect, outbox
 from relay.destinations.shards import ShardedTransport
 from relay.grouping import Coalescer
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
-from relay.outbox import DELIVERIES, JOB_BATCH, AttemptRecord, AttemptResult
+from relay.outbox import DELIVERIES, JOB_BATCH, AttemptRecord, AttemptResult, Due
 from relay.simulator import factories
 from relay.tables import SUCCEEDED
-from relay.worker import RelayWorker
-from tests.relay_support import Clock, Relay, store_events
+from relay.worker import RelayWorker, not_this_job
+from tests.relay_support import START, Clock, Relay, store_events
 from tests.support import Answer, Sink
 
 EVENTS = JOB_BATCH + 5
@@ -126,7 +126,8 @@ async def test_attempts_without_a_slot_in_time_come_back_as_jobs_of_their_own(
         later = await relay.deliverer.attempt_many([d.id for d in due])
         assert len(sink.requests) == 1  # the only slot was busy past the window
         assert sorted(d.id for d in later) == sorted(d.id for d in due[1:])
-        assert all(d.job is None and d.at == clock() for d in later)
+        due_at = {d.id: d.at for d in due}
+        assert all(d.job is None and d.at == due_at[d.id] for d in later)  # their place in line
         assert len({deliver_job_id(d) for d in later}) == 2
         rounds = 0
         while later:  # each job makes progress: at least one attempt gets the slot
@@ -208,3 +209,12 @@ async def test_a_worker_does_not_ask_redis_again_about_the_jobs_it_runs(
     await worker.start_jobs([b"relay:deliver-batch:a", b"relay:deliver-batch:b"])
     assert asked == [[b"relay:deliver-batch:b"]]
     running.cancel()
+
+
+def test_a_single_job_handing_its_delivery_back_does_not_reuse_its_own_id() -> None:
+    own = Due("d1", 2, START)
+    other = Due("d2", 0, START)
+    moved, kept = not_this_job([own, other], deliver_job_id(own))
+    assert kept == other
+    assert moved.id == "d1" and moved.at == START + timedelta(microseconds=1)
+    assert deliver_job_id(moved) != deliver_job_id(own)
