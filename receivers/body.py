@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,9 +77,17 @@ def decode_json(raw: bytes) -> Any:
         pass  # json decides, and words the error (it also takes a few bodies jiter refuses)
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise Undecodable(f"The body is not JSON: {getattr(exc, 'msg', 'too deep')}.") from None
+    except (ValueError, RecursionError) as exc:
+        raise Undecodable(f"The body is not JSON: {_reason(exc)}.") from None
     return value
+
+
+def _reason(exc: ValueError | RecursionError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "too deep"
+    return f"a number has more than {sys.get_int_max_str_digits()} digits"
 
 
 def query_as_payload(query: Mapping[str, str], structured: frozenset[str]) -> dict[str, Any]:
@@ -91,7 +100,7 @@ def query_as_payload(query: Mapping[str, str], structured: frozenset[str]) -> di
             try:
                 payload[key] = json.loads(stripped)
                 continue
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # not JSON (or a number too long): as sent
                 pass
         payload[key] = value
     return payload

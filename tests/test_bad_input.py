@@ -164,3 +164,45 @@ async def test_database_unavailable_is_503_with_retry_after(backend: str, tmp_pa
     for answer in [*answers, bad, ready]:
         assert_problem(answer, 503)
         assert answer.headers["retry-after"].isdigit()
+
+
+HUGE_NUMBER = "9" * 5000  # beyond Python's 4300-digit limit on int <-> str conversions
+
+
+@pytest.mark.parametrize("where", ["known field", "unknown field", "nested"])
+async def test_numbers_too_long_for_python_are_a_problem_not_a_500(
+    client: httpx.AsyncClient, engine: AsyncEngine, where: str
+) -> None:
+    body = factories.sms_dlr()
+    text = json.dumps(body)
+    field = {"known field": '"status"', "unknown field": '"extra"', "nested": '"x"'}[where]
+    value = HUGE_NUMBER if where != "nested" else '{"y": [' + HUGE_NUMBER + "]}"
+    raw = ("{" + field + ": " + value + ", " + text[1:]).encode()
+    answer = await client.post(f"/hooks/sms/dlr?token={TOKEN}", content=raw)
+    document = assert_problem(answer, answer.status_code)
+    assert answer.status_code in (400, 422), document
+    [rejected] = await queries.list_rejected(engine)
+    assert rejected.raw_body == raw
+    assert await queries.count_events(engine) == 0
+
+
+async def test_a_get_callback_with_a_number_too_long_is_a_problem_not_a_500(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    payload = factories.sms_inbound()
+    query = {k: v for k, v in payload.items() if not isinstance(v, list | bool)}
+    query["contentList"] = "[" + HUGE_NUMBER + "]"
+    answer = await client.get("/hooks/sms/inbound", params={"token": TOKEN, **query})
+    assert answer.status_code < 500, answer.text
+    assert await queries.count_events(engine) + len(await queries.list_rejected(engine)) == 1
+
+
+async def test_a_number_too_large_for_a_float_is_stored_or_refused_never_a_5xx(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    body = factories.sms_dlr()
+    raw = ('{"extra": 1e999, ' + json.dumps(body)[1:]).encode()
+    answer = await client.post(f"/hooks/sms/dlr?token={TOKEN}", content=raw)
+    assert answer.status_code < 500, answer.text
+    stored, rejected = await queries.count_events(engine), await queries.list_rejected(engine)
+    assert (stored, len(rejected)) in ((1, 0), (0, 1))
