@@ -4,10 +4,10 @@ plain httpx baseline.
 What is measured, in one run, one target after the other (never simultaneously):
 
 a) the baseline: this process POSTs the envelopes of the events (built with the relay's own
-   ``envelope_bytes``, the same headers a destination sends) straight to the sink with one
-   ``httpx.AsyncClient`` over the worker's connection pools (``ShardedTransport``, the same
-   limits), ``--concurrency`` requests in flight, on asyncio's default event loop (as
-   `relay worker` runs);
+   ``envelope_bytes``, the same headers a destination sends) straight to the sink with the
+   very httpx client a worker's HTTP destinations use (``new_http_client``: the same pools in
+   shards, limits and cookie handling), ``--concurrency`` requests in flight, on asyncio's
+   default event loop (as `relay worker` runs);
 b) the relay: the events are POSTed to the receivers (``relay serve`` on a fresh SQLite database
    in WAL mode in a temp directory) by the lean keep-alive load generator of ``benchlib.py``
    (``--ingest-concurrency`` connections); the receivers store them, route them to the one
@@ -97,9 +97,8 @@ from benchlib import (
     wait_ready,
 )
 
-from relay.destinations.http import USER_AGENT
+from relay.destinations.http import USER_AGENT, new_http_client
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
-from relay.destinations.shards import ShardedTransport
 from relay.jobs import QUEUE_NAME
 from relay.services import HTTP_LIMITS
 
@@ -357,12 +356,7 @@ async def run_baseline(sink: Sink, envelopes: Sequence[Envelope], concurrency: i
     statuses = [0] * len(envelopes)
     indexes = iter(range(len(envelopes)))
 
-    async with httpx.AsyncClient(
-        transport=ShardedTransport(HTTP_LIMITS),  # the worker's pools
-        follow_redirects=False,
-        trust_env=False,
-        timeout=30,
-    ) as client:
+    async with new_http_client(limits=HTTP_LIMITS) as client:  # the worker's very client
 
         async def sender() -> None:
             for index in indexes:

@@ -16,6 +16,7 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay import inspect, outbox
+from relay.destinations.http import new_http_client
 from relay.destinations.shards import ShardedTransport
 from relay.grouping import Coalescer
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
@@ -218,3 +219,15 @@ def test_a_single_job_handing_its_delivery_back_does_not_reuse_its_own_id() -> N
     assert kept == other
     assert moved.id == "d1" and moved.at == START + timedelta(microseconds=1)
     assert deliver_job_id(moved) != deliver_job_id(own)
+
+
+async def test_the_relay_client_keeps_and_sends_no_cookies(sink: Sink) -> None:
+    sink.answers["/hook"] = Answer(200, headers={"set-cookie": "session=abc; Path=/"})
+    async with new_http_client() as client:
+        first = await client.post(sink.url(), content=b"{}")
+        second = await client.post(sink.url(), content=b"{}")
+        assert first.headers["set-cookie"] == "session=abc; Path=/"  # it was offered
+        assert second.status_code == 200 and len(client.cookies) == 0
+        with pytest.raises(TypeError):
+            client.cookies = {"a": "b"}  # type: ignore[assignment]
+    assert all("cookie" not in request.headers for request in sink.requests)
