@@ -120,8 +120,11 @@ class Deliverer:
         if isinstance(claimed, BaseException):
             raise claimed
         try:
-            async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
+            if self._slots.locked():
+                async with asyncio.timeout_at(deadline):
+                    await self._slots.acquire()
+            else:
+                await self._slots.acquire()  # at once
         except TimeoutError:
             await self._outbox.submit(Release(claimed))
             delivery = claimed.delivery

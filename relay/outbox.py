@@ -43,7 +43,7 @@ KEEP_FIRST_ATTEMPTS = 3
 KEEP_LAST_ATTEMPTS = 20
 CLOCK_SKEW = timedelta(seconds=1)
 INSERT_CHUNK = 500
-JOB_BATCH = 25
+JOB_BATCH = 50
 """How many new deliveries of one routing pass share one arq job (see :func:`route_events`)."""
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import sniffio
 from arq import func
 from arq.connections import ArqRedis
 from arq.worker import Worker
@@ -67,6 +68,10 @@ def build_worker(
 
     async def startup(ctx: dict[str, Any]) -> None:
         nonlocal sweeper_task
+        # The jobs and the sweeper are tasks of this one: tell sniffio (httpcore and anyio ask
+        # it several times per request) the answer, instead of its looking for the running
+        # task each time (a getpid system call apiece on Python 3.11).
+        sniffio.current_async_library_cvar.set("asyncio")
         services = worker_services(settings, engine, pool, clock)
         ctx[SERVICES] = services
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")

@@ -120,24 +120,27 @@ class HttpDestination:
         def elapsed() -> float:
             return (time.perf_counter() - started) * 1000
 
+        response: httpx.Response | None = None
+        head = b""
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline):  # one deadline for the answer and its head
                 request = self._client.build_request(
                     "POST", self._url, content=body, headers=headers, timeout=timeout
                 )
                 response = await self._client.send(request, stream=True, follow_redirects=False)
-        except (TimeoutError, httpx.TimeoutException):
-            return Outcome(ok=False, error=timeout_error(timeout), duration_ms=elapsed())
-        except (httpx.HTTPError, OSError) as exc:
-            return Outcome(ok=False, error=describe_error(exc), duration_ms=elapsed())
-        try:
-            async with asyncio.timeout_at(deadline):
                 head = await _read_head(response)
-        except (TimeoutError, httpx.HTTPError, OSError):
-            head = b""  # the status is what counts; the excerpt is a courtesy
+        except (TimeoutError, httpx.TimeoutException):
+            if response is None:
+                return Outcome(ok=False, error=timeout_error(timeout), duration_ms=elapsed())
+            # the status came in time; the excerpt is a courtesy
+        except (httpx.HTTPError, OSError) as exc:
+            if response is None:
+                return Outcome(ok=False, error=describe_error(exc), duration_ms=elapsed())
         finally:
-            with contextlib.suppress(httpx.HTTPError, OSError):
-                await response.aclose()
+            if response is not None:
+                with contextlib.suppress(httpx.HTTPError, OSError):
+                    await response.aclose()
+        assert response is not None  # every way without an answer returned above
         return judge(response, head, elapsed())
 
     async def aclose(self) -> None:
