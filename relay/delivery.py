@@ -58,9 +58,11 @@ class Deliverer:
     """Attempts deliveries; shared by every job of one worker. ``lease`` must outlast any
     attempt (the longest destination timeout plus a margin): see :func:`attempt_lease`.
 
-    At most ``concurrency`` attempts run at once; an attempt takes its slot before its claim,
-    so no lease runs down while waiting. The claims and the records of concurrent attempts
-    are grouped into shared transactions (:class:`~relay.grouping.Coalescer`)."""
+    At most ``concurrency`` attempts run at once. A lone attempt takes its slot before its
+    claim; a batch (:meth:`attempt_many`) is claimed up front and each of its attempts waits at
+    most half the lease margin for a slot, so no lease runs out before its attempt ends. The
+    claims, records and releases of concurrent attempts share transactions
+    (:class:`~relay.grouping.Coalescer`)."""
 
     def __init__(
         self,
