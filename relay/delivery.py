@@ -229,7 +229,8 @@ class Deliverer:
             timeout = min(timeout, policy.answer_budget)
         started = self._clock()
         outcome = await target.destination.deliver(
-            _outbound(claimed), timeout=timeout.total_seconds()
+            Outbound.from_event(claimed.event, attempt=claimed.delivery.attempts + 1),
+            timeout=timeout.total_seconds(),
         )
         return started, outcome
 
@@ -297,21 +298,6 @@ def _with_next(error: BaseException, next_due: list[Due]) -> BaseException:
     failed = AttemptsFailed(error, next_due)
     failed.__cause__ = error
     return failed
-
-
-def _outbound(claimed: Claim) -> Outbound:
-    event = claimed.event
-    return Outbound(
-        event_id=event.id,
-        kind=event.kind,
-        source=event.source,
-        received_at=event.received_at,
-        payload=event.payload,
-        raw_body=event.raw_body,
-        content_type=event.content_type,
-        method=event.method,
-        attempt=claimed.delivery.attempts + 1,
-    )
 
 
 def _health(row: Any) -> DestinationHealth:

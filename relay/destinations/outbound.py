@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Row
+
     from receivers.store.tables import ReceivedEvent
 
 BodyFormat = Literal["envelope", "raw"]
@@ -42,8 +44,8 @@ class Outbound:
         object.__setattr__(self, "method", self.method.upper())
 
     @classmethod
-    def from_event(cls, event: ReceivedEvent, *, attempt: int = 1) -> Outbound:
-        """The outbound form of a stored ``received_events`` row."""
+    def from_event(cls, event: ReceivedEvent | Row[Any], *, attempt: int = 1) -> Outbound:
+        """The outbound form of a stored ``received_events`` row (model or Core row)."""
         return cls(
             event_id=event.id,
             kind=event.kind,
