@@ -169,14 +169,15 @@ class Deliverer:
             except Exception as claim_error:
                 claims = [claim_error] * len(ids)
         by_record, by_claim = iter(recorded), iter(claims)
-        return [
-            next(by_record)
-            if isinstance(i, AttemptRecord)
-            else None
-            if isinstance(i, Release)
-            else next(by_claim)
-            for i in items
-        ]
+        answers: list[Claim | bool | BaseException | None] = []
+        for item in items:
+            if isinstance(item, AttemptRecord):
+                answers.append(next(by_record))
+            elif isinstance(item, Release):
+                answers.append(None)
+            else:
+                answers.append(next(by_claim))
+        return answers
 
     async def _claim_on(self, conn: AsyncConnection, delivery_ids: list[str]) -> list[Claim | None]:
         claims = await outbox.claim_on(conn, delivery_ids, self._clock(), self._lease)

@@ -68,10 +68,10 @@ class JobQueue:
         for a first attempt, its batch job (asked about once per batch), else its own
         (:func:`deliver_job_id`). Two round trips at most."""
         batches = list({item.job for item in due if item.job is not None})
-        queued = set(_queued(batches, await self._scores(batches)))
+        scores = await self._scores(batches)
+        queued = {job for job, score in zip(batches, scores, strict=True) if score is not None}
         candidates = [item for item in due if item.job not in queued]
-        own = [deliver_job_id(item) for item in candidates]
-        scores = await self._scores(own)
+        scores = await self._scores([deliver_job_id(item) for item in candidates])
         return [
             dataclasses.replace(item, job=None)
             for item, score in zip(candidates, scores, strict=True)
@@ -92,7 +92,3 @@ class JobQueue:
                 function, arg, _job_id=job_id, _queue_name=QUEUE_NAME, _defer_until=at
             )
         return job is not None
-
-
-def _queued(job_ids: Sequence[str], scores: Sequence[float | None]) -> list[str]:
-    return [job_id for job_id, score in zip(job_ids, scores, strict=True) if score is not None]
