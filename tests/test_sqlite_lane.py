@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import new_ids
 from receivers.store.batch_stores import SqliteLane, batch_store
 from receivers.store.engine import create_engine
+from receivers.store.tables import ReceivedEvent
 from relay import migrate
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+EVENTS = ReceivedEvent.__table__
 
 
 @pytest.fixture
@@ -138,3 +141,36 @@ async def test_rejections_share_the_events_transaction(
 async def _in_lane(lane: SqliteLane, work: Any) -> Any:
     """Run ``work(lane)`` in the lane's own thread (where its connection lives)."""
     return await asyncio.get_running_loop().run_in_executor(lane._thread, work, lane)
+
+
+async def test_payloads_read_back_as_written(lane: SqliteLane, sqlite_engine: AsyncEngine) -> None:
+    """The lane encodes JSON columns itself (pydantic-core, json.dumps for lone surrogates);
+    SQLAlchemy's JSON type must read every payload back as the same value."""
+    payloads: list[dict[str, Any]] = [
+        {"message": "héllo ✓ 日本", "n": 10**30, "f": 1e16, "neg": -0.5},
+        {"price": math.inf, "other": -math.inf, "nested": {"list": [1, None, True, "x"]}},
+        {"message": "lone \ud800 surrogate", "ok": "fine"},
+        {"empty": {}, "quote": 'a "quoted" \\ back\nslash'},
+    ]
+    rows = event_rows(*(f"p{index}" for index in range(len(payloads))))
+    for row, payload in zip(rows, payloads, strict=True):
+        row["payload"] = payload
+    await lane.write(rows, [])
+
+    async with sqlite_engine.connect() as conn:
+        result = await conn.execute(
+            select(EVENTS.c.dedup_key, EVENTS.c.payload).where(
+                EVENTS.c.dedup_key.in_([row["dedup_key"] for row in rows])
+            )
+        )
+        read_back = {key: payload for key, payload in result}
+    assert read_back == {row["dedup_key"]: row["payload"] for row in rows}
+
+
+async def test_nan_reads_back_as_nan(lane: SqliteLane, sqlite_engine: AsyncEngine) -> None:
+    rows = event_rows("nan")
+    rows[0]["payload"] = {"totalPrice": math.nan}
+    await lane.write(rows, [])
+    async with sqlite_engine.connect() as conn:
+        payload = await conn.scalar(select(EVENTS.c.payload).where(EVENTS.c.dedup_key == "nan"))
+    assert math.isnan(payload["totalPrice"])

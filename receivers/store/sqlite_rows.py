@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import functools
+import json
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table
+from pydantic_core import PydanticSerializationError, to_json
+from sqlalchemy import JSON, LargeBinary, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.types import TypeEngine
 
 from receivers.store.records import Row
 
@@ -49,32 +53,51 @@ def insert_sql(table: str, columns: tuple[str, ...], conflict: tuple[str, ...], 
     return f"{sql} ON CONFLICT ({', '.join(conflict)}) DO NOTHING" if conflict else sql
 
 
-_UNSET = object()
-
-
 def driver_values(
     table: Table, names: Sequence[str], dialect: Dialect
 ) -> Callable[[Sequence[Mapping[str, Any]]], list[Any]]:
     """rows -> the flat parameter list of a multi-row statement over the ``names`` columns, each
-    value converted by its column's type (JSON, UTC datetimes) as SQLAlchemy would; a value
-    shared with the previous row (a batch's timestamp) is converted once."""
-    processors = [
-        table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in names
-    ]
+    value converted by its column's type as SQLAlchemy would (UTC datetimes, JSON: see
+    :func:`json_text`); a value shared with the previous row (a batch's timestamp) is converted
+    once. Bytes go to the driver as they are (SQLAlchemy would wrap them in a memoryview)."""
+    processors = [_bind_processor(table.c[name].type, dialect) for name in names]
+    converted = [(index, process) for index, process in enumerate(processors) if process]
+    pick = operator.itemgetter(*names)
+    single = len(names) == 1
 
     def values(rows: Sequence[Mapping[str, Any]]) -> list[Any]:
         flat: list[Any] = []
-        previous: list[Any] = [_UNSET] * len(names)
-        converted: list[Any] = [None] * len(names)
+        previous: dict[int, tuple[Any, Any]] = {}
         for row in rows:
-            for index, name in enumerate(names):
-                value = row[name]
-                process = processors[index]
-                if process is not None:
-                    if value is not previous[index]:
-                        previous[index], converted[index] = value, process(value)
-                    value = converted[index]
-                flat.append(value)
+            row_values = [pick(row)] if single else list(pick(row))
+            for index, process in converted:
+                value = row_values[index]
+                seen = previous.get(index)
+                if seen is None or seen[0] is not value:
+                    seen = previous[index] = (value, process(value))
+                row_values[index] = seen[1]
+            flat += row_values
         return flat
 
     return values
+
+
+def json_text(value: Any) -> str:
+    """A JSON column's text: pydantic-core's encoder (a few times faster than ``json.dumps``,
+    compact, UTF-8, NaN and Infinity as ``json.dumps`` writes them), or ``json.dumps`` for what
+    it cannot encode (lone surrogates). Both read back as the same value."""
+    try:
+        return to_json(value).decode()
+    except PydanticSerializationError:
+        return json.dumps(value)
+
+
+def _bind_processor(column_type: TypeEngine[Any], dialect: Dialect) -> Callable[[Any], Any] | None:
+    if isinstance(column_type, JSON):
+        return json_text
+    if isinstance(column_type, LargeBinary):
+        return None
+    processor: Callable[[Any], Any] | None = column_type.dialect_impl(dialect).bind_processor(
+        dialect
+    )
+    return processor
