@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from arq.connections import ArqRedis
@@ -33,8 +33,10 @@ def deliver_job_id(due: Due) -> str:
 class JobQueue:
     """Enqueues deliver jobs on the relay queue (real Redis, or fakeredis when embedded)."""
 
-    def __init__(self, pool: ArqRedis) -> None:
+    def __init__(self, pool: ArqRedis, on_enqueue: Callable[[], None] | None = None) -> None:
         self.pool = pool
+        self.on_enqueue = on_enqueue
+        """Called after new jobs were enqueued (the embedded worker's wake-up)."""
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
 
     async def enqueue(self, due: Sequence[Due]) -> int:
@@ -57,7 +59,10 @@ class JobQueue:
                 for job, items in batches.items()
             ),
         )
-        return sum(results)
+        enqueued = sum(results)
+        if enqueued and self.on_enqueue is not None:
+            self.on_enqueue()
+        return enqueued
 
     async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
         """The deliveries whose job is neither queued nor running, as single jobs to enqueue (a

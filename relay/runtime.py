@@ -67,9 +67,10 @@ async def relay_queue(
     worker = build_worker(
         settings, engine, pool, clock=clock, worker_class=EmbeddedWorker, handle_signals=False
     )
+    assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
     try:
-        yield JobQueue(pool)
+        yield JobQueue(pool, on_enqueue=worker.wake)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

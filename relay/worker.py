@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 SERVICES = "relay"
 ONE_MICROSECOND = timedelta(microseconds=1)
+IDLE_POLL_SECONDS = 1.0
+"""The embedded worker's longest wait between polls (what it is not told of waits that long)."""
 
 
 async def deliver(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
@@ -112,14 +115,48 @@ class RelayWorker(Worker):
 
 
 class EmbeddedWorker(RelayWorker):
-    """The same worker on fakeredis, which has no INFO command: arq's ``log_redis_info`` at
-    start-up is replaced by a plain log line, the rest of arq's loop is unchanged."""
+    """The same worker on fakeredis, in the server's own event loop.
+
+    fakeredis has no INFO command: arq's ``log_redis_info`` at start-up is replaced by a plain
+    log line. And since every job is enqueued in this process, the worker does not poll while
+    nothing is in sight (fakeredis costs the event loop ~1 ms a poll, which the receivers would
+    pay for): :meth:`wake` (the process's queues call it on every enqueue) polls at once; else
+    it polls when the earliest queued job is due, at ``poll_delay`` while jobs run, and at least
+    every ``idle_poll_seconds``."""
+
+    idle_poll_seconds = IDLE_POLL_SECONDS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._work_in_sight = asyncio.Event()
+
+    def wake(self) -> None:
+        """Poll now: a job was enqueued."""
+        self._work_in_sight.set()
 
     async def main(self) -> None:
         log.info("embedded relay worker started (fakeredis, in-process)")
         self.ctx["redis"] = self.pool
         if self.on_startup:
             await self.on_startup(self.ctx)
+        services: WorkerServices | None = self.ctx.get(SERVICES)
+        if services is not None:
+            services.queue.on_enqueue = self.wake  # retries, replays and the sweeper's jobs
         while True:
+            self._work_in_sight.clear()
             await self._poll_iteration()
-            await asyncio.sleep(self.poll_delay_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._work_in_sight.wait(), await self._until_next_poll())
+
+    async def _until_next_poll(self) -> float:
+        earliest = await self.pool.zrange(self.queue_name, 0, 0, withscores=True)
+        due_ms = earliest[0][1] if earliest else None
+        return idle_wait(due_ms, time.time() * 1000, self.poll_delay_s, self.idle_poll_seconds)
+
+
+def idle_wait(due_ms: float | None, now_ms: float, poll_delay: float, idle_poll: float) -> float:
+    """Seconds until the next poll: until the earliest queued job is due (a running job is
+    past due: its end frees a slot), within ``poll_delay`` and ``idle_poll``."""
+    if due_ms is None:
+        return idle_poll
+    return min(max((due_ms - now_ms) / 1000, poll_delay), idle_poll)
