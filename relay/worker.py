@@ -149,6 +149,8 @@ class EmbeddedWorker(RelayWorker):
                 await asyncio.wait_for(self._work_in_sight.wait(), await self._until_next_poll())
 
     async def _until_next_poll(self) -> float:
+        if self.tasks:  # jobs run: the next poll may start queued ones (no need to ask Redis)
+            return self.poll_delay_s
         earliest = await self.pool.zrange(self.queue_name, 0, 0, withscores=True)
         due_ms = earliest[0][1] if earliest else None
         return idle_wait(due_ms, time.time() * 1000, self.poll_delay_s, self.idle_poll_seconds)

@@ -83,6 +83,12 @@ async def test_an_enqueue_wakes_the_idle_worker() -> None:
         await JobQueue(pool, on_enqueue=worker.wake).enqueue([Due("d1", 0, datetime.now(UTC))])
         await asyncio.wait_for(done.wait(), GUARD_SECONDS)
         assert ran == ["d1"]
+
+        worker.tasks["running"] = asyncio.create_task(asyncio.Event().wait())
+        try:
+            assert await worker._until_next_poll() == 0.05  # a job runs: poll at poll_delay
+        finally:
+            worker.tasks.pop("running").cancel()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
