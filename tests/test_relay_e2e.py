@@ -182,8 +182,16 @@ async def test_flushall_mid_run_loses_nothing(
         await eventually(lambda: len(delivered_ids(sink)) == 20)  # every first attempt failed
 
         async def all_waiting() -> bool:
+            """Every attempt recorded and its retry queued: the first attempts' batch job has
+            finished (a job still running could enqueue a retry after the flush)."""
             rows = await inspect.list_deliveries(engine, limit=100)
-            return len(rows) == 20 and all(r["attempts"] == 1 for r in rows)
+            queued = await redis.zrange("relay:queue", 0, -1)
+            retries = [job for job in queued if job.startswith(b"relay:deliver:")]
+            return (
+                len(rows) == 20
+                and all(r["attempts"] == 1 for r in rows)
+                and len(queued) == len(retries) == 20
+            )
 
         await eventually(all_waiting)
         await redis.flushall()  # the deferred retry jobs are gone
