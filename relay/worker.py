@@ -145,8 +145,9 @@ class EmbeddedWorker(RelayWorker):
         while True:
             self._work_in_sight.clear()
             await self._poll_iteration()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._work_in_sight.wait(), await self._until_next_poll())
+            timeout = await self._until_next_poll()  # first: a cancellation here leaves no
+            with contextlib.suppress(TimeoutError):  # un-awaited wait() coroutine behind
+                await asyncio.wait_for(self._work_in_sight.wait(), timeout)
 
     async def _until_next_poll(self) -> float:
         if self.tasks:  # jobs run: the next poll may start queued ones (no need to ask Redis)
