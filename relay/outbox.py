@@ -208,13 +208,6 @@ async def due_deliveries(
         ]
 
 
-async def claim(
-    engine: AsyncEngine, delivery_id: str, now: datetime, lease: timedelta
-) -> Claim | None:
-    """Lease a due delivery for one attempt; ``None`` when it is not due, done or leased."""
-    return (await claim_many(engine, [delivery_id], now, lease)).get(delivery_id)
-
-
 async def claim_many(
     engine: AsyncEngine, delivery_ids: Sequence[str], now: datetime, lease: timedelta
 ) -> dict[str, Claim]:
@@ -277,24 +270,10 @@ async def release(
     return result.rowcount == 1
 
 
-async def record_attempt(
-    engine: AsyncEngine,
-    claimed: Claim,
-    result: AttemptResult,
-    *,
-    status: str,
-    next_attempt_at: datetime | None,
-    health_change: HealthChange | None = None,
-) -> bool:
-    """Store an attempt, the delivery's new state and (when given) the destination's health
-    change, in one transaction. ``False`` when the lease was lost meanwhile (nothing written)."""
-    record = AttemptRecord(claimed, result, status, next_attempt_at, health_change)
-    return (await record_attempts(engine, [record]))[0]
-
-
 async def record_attempts(engine: AsyncEngine, records: Sequence[AttemptRecord]) -> list[bool]:
-    """:func:`record_attempt` for several claimed deliveries in one transaction; per record,
-    ``False`` when its lease was lost meanwhile (nothing of it written)."""
+    """Store each record's attempt, its delivery's new state and (when given) its destination's
+    health change, all in one transaction; per record, ``False`` when its lease was lost
+    meanwhile (nothing of it written)."""
     try:
         async with engine.begin() as conn:
             return await record_on(conn, records)
