@@ -83,9 +83,7 @@ class HookEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app of this URL (methods are checked by whoever routed the request here)."""
-        status, headers, body = await self.answer(scope, receive)
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_answer(send, await self.answer(scope, receive))
 
     async def answer(self, scope: Scope, receive: Receive) -> Answer:
         """Handle one callback; its answer, not sent yet."""
@@ -242,6 +240,13 @@ def _post_query(query_string: bytes) -> QueryParams:
     """The parsed query of a POST: the callbacks of one source all carry the same (the token),
     so it is cached. A GET's query is its payload, never cached."""
     return QueryParams(query_string)
+
+
+async def send_answer(send: Send, answer: Answer) -> None:
+    """Send an answer as one ASGI response."""
+    status, headers, body = answer
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _answer_of(response: Response) -> Answer:

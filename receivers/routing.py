@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from receivers.handler import HookEndpoint
+from receivers.handler import HookEndpoint, send_answer
 
 ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
@@ -45,13 +45,12 @@ class ReceiverApp(Starlette):
             if endpoint is not None:
                 scope["app"] = self
                 try:
-                    status, headers, body = await endpoint.answer(scope, receive)
+                    answer = await endpoint.answer(scope, receive)
                 except Exception as exc:
                     response = await self._on_error(Request(scope), exc)
                     await response(scope, receive, send)
                     raise
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+                await send_answer(send, answer)
                 return
         await super().__call__(scope, receive, send)
 
