@@ -1,6 +1,6 @@
 """Ingest benchmark: how fast `relay serve` acknowledges callbacks, next to a no-op baseline.
 
-What is measured, in one run and one target after the other (never simultaneously):
+What is measured, in one run (both servers up, but only one of them under load at a time):
 
 a) the baseline: ``scripts/noop_app.py`` (one catch-all POST route that reads the body and answers
    200 with a small JSON body) under uvicorn, one worker;
@@ -17,7 +17,14 @@ HTTP/1.1 connections, one request in flight on each, request bytes serialized be
 starts, answers parsed as status line + Content-Length (uvloop when installed). ``--warmup``
 requests per target are sent first and not counted.
 
-Printed per target: events/s (2xx answers per second of the timed phase) and p50/p99 latency
+The timed requests are split into ``--rounds`` turns, played baseline, receiver, receiver,
+baseline, ... On a shared virtual machine the speed changes from one second to the next (the
+baseline alone was seen anywhere between 9k and 19k requests/s, run to run); in turns, both
+targets meet the same machine, which keeps the ratio steady. Each turn starts and ends with the
+connections filling and draining, which costs both targets the same share of their time (about
+concurrency / requests per turn, by Little's law), so the ratio is not biased by it.
+
+Printed per target: events/s (2xx answers per second of its timed turns) and p50/p99 latency
 (send to complete answer, 2xx only); then ratio = receiver events/s / baseline events/s, and the
 stored check: after the receiver has stopped, the ids in its ``received_events`` table must be
 exactly the ids it acknowledged (warmup included). The exit status is 1 when that check fails,
@@ -25,7 +32,7 @@ exactly the ids it acknowledged (warmup included). The exit status is 1 when tha
 
 Run it with the project's interpreter (needs the project installed)::
 
-    python scripts/bench_ingest.py [--json] [--requests 20000] [--concurrency 64]
+    python scripts/bench_ingest.py [--json] [--requests 20000] [--concurrency 64] [--rounds 20]
 
 Shared with ``bench_relay.py``: the load generator and server helpers live in ``benchlib.py``.
 """
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -48,6 +56,7 @@ from typing import Any
 
 from benchlib import (
     BenchError,
+    Connection,
     Phase,
     Server,
     at_least,
@@ -86,8 +95,25 @@ def write_config(workdir: Path, token: str) -> Path:
 
 
 @dataclass
+class Target:
+    """A started server, its connections, and its share of the load, split into rounds."""
+
+    server: Server
+    warmup: Sequence[bytes]
+    rounds: list[Sequence[bytes]]
+    read_ids: bool
+    connections: list[Connection] = field(default_factory=list)
+    warm: Phase | None = None
+    timed: list[Phase] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+
+@dataclass
 class TargetResult:
-    """What one target did in the timed phase (and which event ids it acknowledged overall)."""
+    """What one target did in its timed rounds (and which event ids it acknowledged overall)."""
 
     name: str
     requests: int
@@ -105,22 +131,30 @@ class TargetResult:
         return self.acked / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-def summarize(name: str, warmup: Phase, timed: Phase, *, read_ids: bool) -> TargetResult:
-    ok = [i for i, status in enumerate(timed.statuses) if 200 <= status < 300]
-    latencies = sorted(timed.latencies_ns[i] for i in ok)
-    elapsed = timed.finished_at - timed.started_at
+def summarize(name: str, warmup: Phase, timed: Sequence[Phase], *, read_ids: bool) -> TargetResult:
+    """One target's figures over all its timed rounds: the time is the sum of the rounds'."""
+    statuses = [status for phase in timed for status in phase.statuses]
+    latencies = sorted(
+        latency
+        for phase in timed
+        for status, latency in zip(phase.statuses, phase.latencies_ns, strict=True)
+        if 200 <= status < 300
+    )
+    elapsed = sum(phase.finished_at - phase.started_at for phase in timed)
+    cpu = sum(phase.cpu_finished_at - phase.cpu_started_at for phase in timed)
+    acked = sum(1 for status in statuses if 200 <= status < 300)
     result = TargetResult(
         name=name,
-        requests=len(timed.requests),
-        acked=len(ok),
-        errors=len(timed.requests) - len(ok),
+        requests=len(statuses),
+        acked=acked,
+        errors=len(statuses) - acked,
         elapsed_s=elapsed,
         p50_ms=percentile_ms(latencies, 0.50),
         p99_ms=percentile_ms(latencies, 0.99),
-        client_cpu=(timed.cpu_finished_at - timed.cpu_started_at) / elapsed if elapsed else 0.0,
+        client_cpu=cpu / elapsed if elapsed else 0.0,
     )
     if read_ids:
-        for phase in (warmup, timed):
+        for phase in (warmup, *timed):
             for status, body in zip(phase.statuses, phase.bodies, strict=True):
                 if 200 <= status < 300:
                     _collect_id(result, body)
@@ -134,30 +168,46 @@ def _collect_id(result: TargetResult, body: bytes) -> None:
         result.unreadable_answers += 1
 
 
-async def run_target(
-    server: Server,
-    ready_path: str,
-    warmup: Sequence[bytes],
-    timed: Sequence[bytes],
-    concurrency: int,
-    *,
-    read_ids: bool,
-) -> TargetResult:
-    """Wait for the server, warm it up, then time it; the server is stopped in any case."""
-    try:
-        await wait_ready(server, ready_path)
-        connections = await open_connections(server.port, concurrency)
-        try:
-            warm = await drive(connections, warmup, keep_bodies=read_ids)
-            measured = await drive(connections, timed, keep_bodies=read_ids)
-        finally:
-            close_connections(connections)
-        await asyncio.sleep(0.1)  # let the server see the connections close
-    finally:
-        status = await asyncio.to_thread(stop_server, server)
-    if status not in (0, -signal.SIGTERM):  # uvicorn re-raises SIGTERM once it has shut down
-        print(f"warning: {server.name} exited with status {status}", file=sys.stderr)
-    return summarize(server.name, warm, measured, read_ids=read_ids)
+def split_rounds(requests: Sequence[bytes], rounds: int) -> list[Sequence[bytes]]:
+    """``requests`` in ``rounds`` consecutive slices of (nearly) equal size, none empty."""
+    count = min(rounds, len(requests))
+    bounds = [len(requests) * i // count for i in range(count + 1)]
+    return [requests[start:end] for start, end in itertools.pairwise(bounds)]
+
+
+async def drive_rounds(targets: Sequence[Target], concurrency: int) -> None:
+    """Warm every target up, then drive their timed rounds in turns: round i of each target
+    one after the other, the order reversed every other round (A B, B A, ...), so that a
+    machine that speeds up or slows down during the run weighs on every target alike."""
+    for target in targets:
+        await wait_ready(target.server, "/healthz")
+        target.connections = await open_connections(target.server.port, concurrency)
+    for target in targets:
+        target.warm = await drive(target.connections, target.warmup, keep_bodies=target.read_ids)
+    for index in range(max(len(target.rounds) for target in targets)):
+        order = targets if index % 2 == 0 else list(reversed(targets))
+        for target in order:
+            if index < len(target.rounds):
+                phase = await drive(
+                    target.connections, target.rounds[index], keep_bodies=target.read_ids
+                )
+                target.timed.append(phase)
+
+
+async def stop_targets(targets: Sequence[Target]) -> None:
+    """Close the load's connections and stop every server (warn about unexpected exits)."""
+    for target in targets:
+        close_connections(target.connections)
+    await asyncio.sleep(0.1)  # let the servers see the connections close
+    for target in targets:
+        status = await asyncio.to_thread(stop_server, target.server)
+        if status not in (0, -signal.SIGTERM):  # uvicorn re-raises SIGTERM once shut down
+            print(f"warning: {target.name} exited with status {status}", file=sys.stderr)
+
+
+def result_of(target: Target) -> TargetResult:
+    assert target.warm is not None
+    return summarize(target.name, target.warm, target.timed, read_ids=target.read_ids)
 
 
 def stored_ids(database: Path) -> list[str]:
@@ -220,31 +270,22 @@ class Report:
 async def bench(args: argparse.Namespace, workdir: Path) -> Report:
     events = build_events(args.warmup + args.requests, args.seed)
     token = secrets.token_urlsafe(24)
-
-    noop_port = free_port()
-    noop_requests = encode_requests(events, noop_port, token)
-    noop = start_server("baseline", noop_argv(noop_port), noop_port, workdir, dict(os.environ))
-    baseline = await run_target(
-        noop,
-        "/healthz",
-        noop_requests[: args.warmup],
-        noop_requests[args.warmup :],
-        args.concurrency,
-        read_ids=False,
-    )
-
-    port = free_port()
-    requests = encode_requests(events, port, token)
-    argv = relay_argv(port, write_config(workdir, token))
-    relay = start_server("receiver", argv, port, workdir, relay_env())
-    receiver = await run_target(
-        relay,
-        "/healthz",
-        requests[: args.warmup],
-        requests[args.warmup :],
-        args.concurrency,
-        read_ids=True,
-    )
+    targets: list[Target] = []
+    try:
+        for name, read_ids in (("baseline", False), ("receiver", True)):
+            port = free_port()
+            requests = encode_requests(events, port, token)
+            if name == "baseline":
+                server = start_server(name, noop_argv(port), port, workdir, dict(os.environ))
+            else:
+                argv = relay_argv(port, write_config(workdir, token))
+                server = start_server(name, argv, port, workdir, relay_env())
+            rounds = split_rounds(requests[args.warmup :], args.rounds)
+            targets.append(Target(server, requests[: args.warmup], rounds, read_ids))
+        await drive_rounds(targets, args.concurrency)
+    finally:
+        await stop_targets(targets)
+    baseline, receiver = (result_of(target) for target in targets)
 
     ids = stored_ids(workdir / "bench.db")
     acked = receiver.acked_ids
@@ -275,6 +316,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=at_least(1), default=20000, help="timed, per target")
     parser.add_argument("--concurrency", type=at_least(1), default=64, help="connections")
     parser.add_argument("--warmup", type=at_least(0), default=1000, help="untimed, per target")
+    parser.add_argument(
+        "--rounds", type=at_least(1), default=20, help="turns the timed requests are split into"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="overall limit, seconds")
     parser.add_argument("--seed", type=int, default=20260101, help="payload generator seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
