@@ -188,6 +188,44 @@ async def test_tolerant_variants_are_accepted_and_unknown_fields_kept(
     assert stored.dedup_key == "424242"
 
 
+async def test_nan_and_infinity_are_null_in_the_stored_payload_of_unknown_fields(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    # JSON has no NaN or Infinity, but json.dumps writes them; the payload column holds
+    # standard JSON on every backend (PostgreSQL refuses those tokens), the raw body keeps them.
+    text = json.dumps(factories.numinfo_gnp())
+    raw = (text[:-1] + ', "score": NaN, "band": [-Infinity, 1.5]}').encode()
+    answer = await client.post(
+        f"/hooks/numinfo/gnp?token={TOKEN}",
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
+
+    assert answer.status_code == 200, answer.text
+    stored = await queries.get_event(engine, answer.json()["id"])
+    assert stored is not None
+    assert stored.raw_body == raw
+    assert (stored.payload["score"], stored.payload["band"]) == (None, [None, 1.5])
+
+
+@pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN", '"inf"', '"nan"'])
+async def test_a_number_field_refuses_nan_and_infinity(
+    client: httpx.AsyncClient, engine: AsyncEngine, value: str
+) -> None:
+    text = json.dumps(factories.numinfo_gnp())
+    raw = (text[:-1] + f', "price": {value}}}').encode()
+    answer = await client.post(
+        f"/hooks/numinfo/gnp?token={TOKEN}",
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
+
+    assert answer.status_code == 422, answer.text
+    assert [e["field"] for e in answer.json()["errors"]] == ["price"]
+    rejected = await queries.list_rejected(engine)
+    assert [r.raw_body for r in rejected] == [raw]
+
+
 @pytest.mark.parametrize(
     ("event", "kind"),
     [

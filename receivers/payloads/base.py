@@ -13,10 +13,15 @@ class PlatformPayload(BaseModel):
     Field names are matched case-insensitively (``ttid``/``ttId``, ``timezone``/``timeZone``),
     numbers are accepted where the platform sometimes sends strings and vice versa, and unknown
     fields are kept as extra attributes so nothing the platform sends is dropped.
+
+    ``NaN`` and ``Infinity`` (which JSON does not have, but some encoders write) do not fit a
+    number field, and become ``null`` in a stored unknown field: the stored payload is standard
+    JSON on every backend (PostgreSQL refuses those tokens); the raw body keeps them.
     """
 
     model_config = ConfigDict(
         extra="allow",
+        allow_inf_nan=False,
         populate_by_name=True,
         coerce_numbers_to_str=True,
         validate_by_alias=True,
