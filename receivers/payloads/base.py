@@ -14,8 +14,9 @@ class PlatformPayload(BaseModel):
     numbers are accepted where the platform sometimes sends strings and vice versa, and unknown
     fields are kept as extra attributes so nothing the platform sends is dropped.
 
-    ``NaN`` and ``Infinity`` (which JSON does not have, but some encoders write) do not fit a
-    number field, and become ``null`` in a stored unknown field: the stored payload is standard
+    ``NaN`` and ``Infinity`` (which JSON does not have, but some encoders write; also what a
+    number beyond a float's range such as ``1e400`` decodes to) do not fit a number field, and
+    become ``null`` in a stored unknown field: the stored payload is standard
     JSON on every backend (PostgreSQL refuses those tokens); the raw body keeps them.
     """
 
