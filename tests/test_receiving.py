@@ -12,6 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import SourceConfig
 from receivers.store import queries
+from receivers.store.tables import ReceivedEvent, RejectedBody
+from receivers.store.writer import CONTENT_TYPE_LENGTH, REMOTE_ADDR_LENGTH
 from relay.simulator import factories
 from tests.conftest import TOKEN, ClientFactory
 
@@ -206,6 +208,39 @@ async def test_nan_and_infinity_are_null_in_the_stored_payload_of_unknown_fields
     assert stored is not None
     assert stored.raw_body == raw
     assert (stored.payload["score"], stored.payload["band"]) == (None, [None, 1.5, None])
+
+
+async def test_overlong_content_type_and_forwarded_address_are_cut_to_their_columns(
+    make_client: ClientFactory, engine: AsyncEngine
+) -> None:
+    # PostgreSQL refuses text wider than its column: uncut, such a callback would get 503 on
+    # every retry there (SQLite keeps any length, so the same width is kept on both).
+    content_type = "application/json; charset=utf-8; note=" + "x" * 300
+    zoned = "fe80::1%" + "z" * 100  # an IPv6 address with a zone id, behind a trusted proxy
+    headers = {"content-type": content_type, "x-forwarded-for": zoned}
+    async with make_client(client_ip="10.0.0.2", trusted_proxies=("10.0.0.0/8",)) as client:
+        accepted = await client.post(
+            f"/hooks/sms/inbound?token={TOKEN}",
+            content=json.dumps(factories.sms_inbound()).encode(),
+            headers=headers,
+        )
+        refused = await client.post(
+            f"/hooks/sms/inbound?token={TOKEN}", content=b"not json", headers=headers
+        )
+
+    assert (accepted.status_code, refused.status_code) == (200, 400), accepted.text
+    stored = await queries.get_event(engine, accepted.json()["id"])
+    [rejected] = await queries.list_rejected(engine)
+    for row in (stored, rejected):
+        assert row is not None
+        assert row.content_type == content_type[:CONTENT_TYPE_LENGTH]
+        assert row.remote_addr == zoned[:REMOTE_ADDR_LENGTH]
+
+
+def test_cut_widths_are_the_columns_widths() -> None:
+    for table in (ReceivedEvent.__table__, RejectedBody.__table__):
+        assert table.c.content_type.type.length == CONTENT_TYPE_LENGTH
+        assert table.c.remote_addr.type.length == REMOTE_ADDR_LENGTH
 
 
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN", "1e400", '"inf"', '"nan"'])

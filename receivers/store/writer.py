@@ -58,6 +58,10 @@ HOOK_BATCH = 1024
 a transaction of its own, and on SQLite every one of them makes the writer wait for the lock
 (about 6 % more events/s than with calls of 256, measured with scripts/bench_ingest.py)."""
 HOOK_DELAY_SECONDS = 0.05
+CONTENT_TYPE_LENGTH = 255
+"""The longest Content-Type kept (the column's width; a longer header is cut)."""
+REMOTE_ADDR_LENGTH = 64
+"""The longest caller address kept (an IPv6 address with a long zone id is cut)."""
 
 Clock = Callable[[], datetime]
 
@@ -261,9 +265,9 @@ def _event_row(copies: list[_Pending], event_id: str, now: datetime) -> Row:
         "received_at": now,
         "payload": first.payload,
         "raw_body": first.raw_body,
-        "content_type": first.content_type,
+        "content_type": _clip(first.content_type, CONTENT_TYPE_LENGTH),
         "method": first.method,
-        "remote_addr": first.remote_addr,
+        "remote_addr": _clip(first.remote_addr, REMOTE_ADDR_LENGTH),
         "duplicates": len(copies) - 1,
     }
 
@@ -280,12 +284,17 @@ def _rejection_row(item: Rejection, digest: str, count: int, row_id: str, now: d
         "errors": item.errors,
         "body_hash": digest,
         "raw_body": item.raw_body,
-        "content_type": item.content_type,
-        "remote_addr": item.remote_addr,
+        "content_type": _clip(item.content_type, CONTENT_TYPE_LENGTH),
+        "remote_addr": _clip(item.remote_addr, REMOTE_ADDR_LENGTH),
         "received_at": now,
         "last_seen_at": now,
         "count": count,
     }
+
+
+def _clip(text: str | None, length: int) -> str | None:
+    """``text`` cut to a column's width (PostgreSQL refuses longer text; SQLite would keep it)."""
+    return text[:length] if text is not None else None
 
 
 def _is_connection_error(exc: BaseException) -> bool:
