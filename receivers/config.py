@@ -11,6 +11,8 @@ from receivers.sources import Network, SourceConfig
 
 DEFAULT_SOURCE = "default"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+SOURCE_NAME_LENGTH = 64
+"""The longest source name (the width of the store's ``source`` columns)."""
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,20 @@ class ReceiverConfig:
         if not self.sources:
             raise ValueError("no source is configured")
         for name in self.sources:
-            if name in RESERVED_SOURCE_NAMES:
-                raise ValueError(f"source name {name!r} is taken by a receiver path")
-            if not name or "/" in name or name != name.strip():
-                raise ValueError(f"source name {name!r} is not a path segment")
+            check_source_name(name)
+
+
+def check_source_name(name: str) -> None:
+    """ValueError unless ``name`` can name a source: a URL path segment that no receiver path
+    takes, at most :data:`SOURCE_NAME_LENGTH` characters."""
+    if name in RESERVED_SOURCE_NAMES:
+        raise ValueError(f"source name {name!r} is taken by a receiver path")
+    if not name or name != name.strip() or name in (".", "..") or any(c in name for c in "/?#"):
+        raise ValueError(f"source name {name!r} is not a path segment")
+    if len(name) > SOURCE_NAME_LENGTH:
+        raise ValueError(
+            f"source name {name[:16]!r}... is longer than {SOURCE_NAME_LENGTH} characters"
+        )
 
 
 def source_prefix(name: str) -> str:

@@ -18,7 +18,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as EnvParseError
 
-from receivers.config import DEFAULT_MAX_BODY_BYTES
+from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
 from receivers.sources import Network, SourceConfig
 from relay.destinations.config import DestinationConfig
 from relay.durations import Duration
@@ -50,6 +50,13 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(default=50, ge=1, le=1000)
     lease_margin: Duration = timedelta(seconds=10)
     """Added to the longest destination timeout: how long a claimed delivery stays leased."""
+
+    @field_validator("sources")
+    @classmethod
+    def _source_names(cls, value: dict[str, SourceConfig]) -> dict[str, SourceConfig]:
+        for name in value:
+            check_source_name(name)
+        return value
 
     @field_validator("redis_url")
     @classmethod

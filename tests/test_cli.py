@@ -122,6 +122,38 @@ def test_reserved_source_names_are_refused(tmp_path: Path) -> None:
         ReceiverConfig(sources={"sms": SourceConfig(token="t")})
 
 
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("sms", "taken by a receiver path"),
+        ('"eu?west"', "is not a path segment"),
+        ('".."', "is not a path segment"),
+        ("s" * 65, "is longer than 64 characters"),
+    ],
+)
+def test_serve_refuses_a_source_name_that_cannot_work(
+    tmp_path: Path, name: str, reason: str
+) -> None:
+    config = tmp_path / "relay.toml"
+    database = tmp_path / "relay.db"
+    config.write_text(
+        f'database_url = "sqlite:///{database}"\n[sources.{name}]\ntoken = "{TOKEN}"\n'
+    )
+    result = CliRunner().invoke(main, ["serve", "--config", str(config), "--port", "1"])
+    assert result.exit_code == 1, result.output
+    assert "invalid configuration" in result.output and reason in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not database.exists()  # refused before the database was opened
+
+
+def test_a_source_name_of_64_characters_is_accepted(tmp_path: Path) -> None:
+    name = "s" * 64
+    settings = load_settings(
+        write_config(tmp_path, "sqlite:///x.db", f'[sources.{name}]\ntoken = "t"\n')
+    )
+    assert name in settings.sources
+
+
 def test_generated_token_is_kept_across_restarts(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'relay.db'}"
 
