@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -27,6 +27,8 @@ from relay.router import PLATFORM_POLICY
 
 CONFIG_ENV = "RELAY_CONFIG"
 DEFAULT_DATABASE_URL = "sqlite:///relay.db"
+NAME_LENGTH = 64
+"""The longest destination or policy name (the width of the deliveries' columns)."""
 
 
 class SettingsError(Exception):
@@ -56,6 +58,17 @@ class Settings(BaseSettings):
     def _source_names(cls, value: dict[str, SourceConfig]) -> dict[str, SourceConfig]:
         for name in value:
             check_source_name(name)
+        return value
+
+    @field_validator("destinations", "policies")
+    @classmethod
+    def _names_fit_the_store(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        what = {"destinations": "destination", "policies": "policy"}[info.field_name or ""]
+        for name in value:
+            if len(name) > NAME_LENGTH:
+                raise ValueError(
+                    f"{what} name {name[:16]!r}... is longer than {NAME_LENGTH} characters"
+                )
         return value
 
     @field_validator("redis_url")

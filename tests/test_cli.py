@@ -13,8 +13,9 @@ from receivers.store.engine import create_engine
 from relay import migrate
 from relay.bootstrap import generated_token
 from relay.cli import main
-from relay.settings import SettingsError, load_settings
+from relay.settings import NAME_LENGTH, SettingsError, load_settings
 from relay.simulator import factories
+from relay.tables import Delivery
 from tests.conftest import TOKEN, running_client
 
 
@@ -144,6 +145,27 @@ def test_serve_refuses_a_source_name_that_cannot_work(
     assert "invalid configuration" in result.output and reason in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert not database.exists()  # refused before the database was opened
+
+
+@pytest.mark.parametrize("what", ["destination", "policy"])
+def test_destination_and_policy_names_must_fit_the_deliveries_columns(
+    tmp_path: Path, what: str
+) -> None:
+    def config_naming(name: str) -> Path:
+        table = (
+            f'[destinations.{name}]\ntype = "http"\nurl = "http://127.0.0.1:9/"\n'
+            if what == "destination"
+            else f'[policies.{name}]\ntype = "delays"\ndelays = ["1s"]\n'
+        )
+        return write_config(tmp_path, "sqlite:///x.db", table)
+
+    assert Delivery.__table__.c[what].type.length == NAME_LENGTH
+    settings = load_settings(config_naming("n" * NAME_LENGTH))
+    assert "n" * NAME_LENGTH in (
+        settings.destinations if what == "destination" else settings.policies
+    )
+    with pytest.raises(SettingsError, match=f"{what} name 'nnnn.*longer than 64 characters"):
+        load_settings(config_naming("n" * (NAME_LENGTH + 1)))
 
 
 def test_a_source_name_of_64_characters_is_accepted(tmp_path: Path) -> None:
