@@ -160,6 +160,27 @@ async def test_failures_follow_the_policy_then_succeed(
     assert [a["status_code"] for a in shown["attempt_log"]] == [500, 302, 204]
 
 
+async def test_answers_with_nul_bytes_are_recorded(
+    engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
+) -> None:
+    # PostgreSQL's text refuses NUL: unreplaced, the attempt could not be recorded and the
+    # delivery would be attempted again and again, even after a 2xx.
+    relay = relay_factory({"crm": {"type": "http", "url": sink.url(), "policy": "standard"}})  # type: ignore[operator]
+    sink.script["/hook"] = [Answer(500, body=b"bad\x00thing"), Answer(200, body=b"\x00")]
+    await store_events(engine, [("/hooks/tts/events", factories.tts_event())], clock)
+    [due] = await relay.route_all()
+
+    retry = await relay.deliverer.attempt(due.id)
+    assert retry is not None and retry.attempts == 1
+    clock.to(retry.at)
+    assert await relay.deliverer.attempt(due.id) is None
+    [row] = await deliveries(engine)
+    assert row["status"] == SUCCEEDED and row["attempts"] == 2
+    shown = await inspect.get_delivery(engine, due.id)
+    assert shown is not None
+    assert [a["response_excerpt"] for a in shown["attempt_log"]] == ["bad\ufffdthing", "\ufffd"]
+
+
 async def test_retry_after_is_honoured_within_bounds(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:

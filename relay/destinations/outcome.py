@@ -28,7 +28,8 @@ class Outcome:
 
 
 def excerpt(data: bytes) -> str | None:
-    """The first ``EXCERPT_BYTES`` of an answer as text, or None when it is empty."""
+    """The first ``EXCERPT_BYTES`` of an answer as text, or None when it is empty. Bytes that
+    are not UTF-8, and NUL (which PostgreSQL's text refuses), become U+FFFD."""
     if not data:
         return None
-    return data[:EXCERPT_BYTES].decode("utf-8", errors="replace")
+    return data[:EXCERPT_BYTES].decode("utf-8", errors="replace").replace("\x00", "\ufffd")
