@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from receivers.config import SOURCE_NAME_LENGTH
 from receivers.store.engine import create_engine
+from receivers.store.tables import ReceivedEvent, RejectedBody
 from relay import migrate
 from relay.bootstrap import generated_token
 from relay.cli import main
 from relay.settings import NAME_LENGTH, SettingsError, load_settings
 from relay.simulator import factories
-from relay.tables import Delivery
+from relay.tables import Delivery, DestinationState
 from tests.conftest import TOKEN, running_client
 
 
@@ -160,6 +162,7 @@ def test_destination_and_policy_names_must_fit_the_deliveries_columns(
         return write_config(tmp_path, "sqlite:///x.db", table)
 
     assert Delivery.__table__.c[what].type.length == NAME_LENGTH
+    assert DestinationState.__table__.c.name.type.length == NAME_LENGTH
     settings = load_settings(config_naming("n" * NAME_LENGTH))
     assert "n" * NAME_LENGTH in (
         settings.destinations if what == "destination" else settings.policies
@@ -168,8 +171,10 @@ def test_destination_and_policy_names_must_fit_the_deliveries_columns(
         load_settings(config_naming("n" * (NAME_LENGTH + 1)))
 
 
-def test_a_source_name_of_64_characters_is_accepted(tmp_path: Path) -> None:
-    name = "s" * 64
+def test_a_source_name_as_wide_as_the_source_columns_is_accepted(tmp_path: Path) -> None:
+    for table in (ReceivedEvent.__table__, RejectedBody.__table__):
+        assert table.c.source.type.length == SOURCE_NAME_LENGTH
+    name = "s" * SOURCE_NAME_LENGTH
     settings = load_settings(
         write_config(tmp_path, "sqlite:///x.db", f'[sources.{name}]\ntoken = "t"\n')
     )

@@ -16,8 +16,8 @@ class PlatformPayload(BaseModel):
 
     ``NaN`` and ``Infinity`` (which JSON does not have, but some encoders write; also what a
     number beyond a float's range such as ``1e400`` decodes to) do not fit a number field, and
-    become ``null`` in a stored unknown field: the stored payload is standard
-    JSON on every backend (PostgreSQL refuses those tokens); the raw body keeps them.
+    become ``null`` in a stored unknown field, so that the stored payload is standard JSON on
+    every backend (PostgreSQL refuses those tokens); the raw body keeps them.
     """
 
     model_config = ConfigDict(
