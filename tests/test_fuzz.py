@@ -1,8 +1,11 @@
 """Hostile input: generated requests across paths, methods, headers, queries and bodies.
 
 No answer is a 5xx, every 4xx is problem+json, nothing is logged as an error, and the
-quarantine holds exactly the bodies answered 400/422. The number of examples follows the
-hypothesis profile: ``ci`` (CI=true) generates over 10,000 requests in all.
+quarantine holds exactly the bodies answered 400/422. Both backends are fuzzed, with what one of
+them stores and the other refuses in mind: NaN, Infinity and out-of-range numbers, NUL in
+strings, Content-Types and caller addresses (behind a trusted proxy) longer than their columns.
+The number of examples follows the hypothesis profile: ``ci`` (CI=true) generates over 10,000
+requests in all.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import SourceConfig
 from receivers.kinds import KINDS
+from receivers.sources import HeaderCheck
 from receivers.store import queries
 from relay.simulator import factories
 from tests.conftest import TOKEN, running_client
@@ -43,28 +47,46 @@ PATHS = st.one_of(
 )
 METHODS = st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE", "PATCH"])
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
     lambda children: (
         st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=6)
     ),
     max_leaves=25,
 )
 FACTORIES = [
-    factories.sms_inbound,
-    factories.sms_dlr,
-    factories.numinfo_gnp,
-    factories.numinfo_gnv,
-    factories.conversations_status,
-    factories.conversations_inbound,
-    factories.tts_event,
+    ("/hooks/sms/inbound", factories.sms_inbound),
+    ("/hooks/sms/dlr", factories.sms_dlr),
+    ("/hooks/numinfo/gnp", factories.numinfo_gnp),
+    ("/hooks/numinfo/gnv", factories.numinfo_gnv),
+    ("/hooks/conversations", factories.conversations_status),
+    ("/hooks/chat-api", factories.conversations_inbound),
+    ("/hooks/tts/events", factories.tts_event),
 ]
+"""Each kind's realistic payload, with the path it is posted to."""
+NUMBER_TOKENS = st.sampled_from(
+    ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "-0", "9" * 40, "0.1e999999"]
+)
+"""Number tokens that json.dumps never writes: NaN and Infinity (not JSON, but some encoders
+write them), numbers beyond a float's range or precision, a long integer."""
+NUMBER_PLACEHOLDER = "\u0000number\u0000"
 
 
 @st.composite
-def mutated_payload(draw: st.DrawFn) -> bytes:
-    """A realistic payload, then a key dropped, a value of the wrong type, or junk added."""
-    body: dict[str, Any] = draw(st.sampled_from(FACTORIES))()
+def callback(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A realistic payload at its kind's path (now and then another receiver's), then either
+    mutated (a key dropped, a value of the wrong type, junk added) or with one value written as
+    a raw number token (mostly in place of one of its numbers: a number field of the model)."""
+    path, factory = draw(st.sampled_from(FACTORIES))
+    body: dict[str, Any] = factory()
+    if draw(st.integers(0, 3)) == 0:
+        path = draw(st.sampled_from(KNOWN_PATHS))
     keys = sorted(body)
+    if draw(st.booleans()):
+        numbers = [key for key in keys if type(body[key]) in (int, float)]
+        pick_from = numbers if numbers and draw(st.booleans()) else [*keys, "extraNumber"]
+        body[draw(st.sampled_from(pick_from))] = NUMBER_PLACEHOLDER
+        text = json.dumps(body).replace(json.dumps(NUMBER_PLACEHOLDER), draw(NUMBER_TOKENS))
+        return path, text.encode()
     for _ in range(draw(st.integers(0, 3))):
         action = draw(st.sampled_from(["drop", "retype", "add"]))
         key = draw(st.sampled_from(keys))
@@ -74,22 +96,36 @@ def mutated_payload(draw: st.DrawFn) -> bytes:
             body[key] = draw(JSON)
         else:
             body[draw(st.text(max_size=10))] = draw(JSON)
-    return json.dumps(body).encode()
+    return path, json.dumps(body).encode()
 
 
 BODIES = st.one_of(
-    mutated_payload(),
+    callback().map(lambda addressed: addressed[1]),
     JSON.map(lambda value: json.dumps(value).encode()),
     st.binary(max_size=300),
     st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
     st.integers(1, 200).map(lambda depth: b"[" * depth + b"]" * depth),
 )
-HEADER_VALUES = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
+PRINTABLE = st.characters(min_codepoint=32, max_codepoint=126)
+HEADER_VALUES = st.text(alphabet=PRINTABLE, max_size=40)
+CONTENT_TYPES = st.one_of(
+    st.sampled_from(["application/json", "text/plain", "", "x/y; a=b"]),
+    st.text(alphabet=PRINTABLE, min_size=200, max_size=400).map(
+        lambda t: "application/json; x=" + t
+    ),
+)
+FORWARDED_FOR = st.one_of(
+    HEADER_VALUES,
+    st.ip_addresses().map(str),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=40, max_size=120).map(
+        lambda zone: "fe80::1%" + zone  # an IPv6 address with a zone id, up to 128 characters
+    ),
+)
 HEADERS = st.fixed_dictionaries(
     {},
     optional={
-        "content-type": st.sampled_from(["application/json", "text/plain", "", "x/y; a=b"]),
-        "x-forwarded-for": HEADER_VALUES,
+        "content-type": CONTENT_TYPES,
+        "x-forwarded-for": FORWARDED_FOR,
         "x-signature": HEADER_VALUES,
         "x-request-timestamp": HEADER_VALUES,
         "authorization": HEADER_VALUES,
@@ -165,54 +201,77 @@ async def test_fuzz_requests_with_a_valid_token(
 
 @pytest.fixture
 async def client(make_client: Any, engine: AsyncEngine) -> Any:
-    """A receiver whose quarantine and store are checked against every answer at the end."""
+    """A receiver behind a trusted proxy (so X-Forwarded-For is what gets stored) whose
+    quarantine and store are checked against every answer at the end."""
     observed = Observed()
-    async with make_client() as client:
+    async with make_client(trusted_proxies=["127.0.0.0/8"]) as client:
         client.observed = observed
         yield client
     await assert_store_matches(engine, observed)
 
 
+GUARDED_SOURCES = {
+    "default": SourceConfig(
+        token="right-token", basic_auth="u:p", signature_secret="sig", allow_ips=["127.0.0.0/8"]
+    ),
+    "token": SourceConfig(token="right-token"),
+    "basic": SourceConfig(basic_auth="u:p"),
+    "keyed": SourceConfig(header=HeaderCheck(name="X-Callback-Key", value="right-key")),
+    "signed": SourceConfig(signature_secret="sig"),
+    "walled": SourceConfig(allow_ips=["192.0.2.0/24"]),
+}
+"""Every mechanism at once (the default source), and each alone."""
+GUARDED_PATHS = [
+    path if name == "default" else path.replace("/hooks", f"/hooks/{name}", 1)
+    for name in GUARDED_SOURCES
+    for path in KNOWN_PATHS
+]
+
+
+@pytest.fixture
+async def guarded_client(engine: AsyncEngine) -> Any:
+    """A receiver of :data:`GUARDED_SOURCES`; garbage credentials store nothing."""
+    async with running_client(engine, GUARDED_SOURCES) as client:
+        yield client
+    assert await queries.list_events(engine) == []
+    assert await queries.list_rejected(engine) == []
+
+
 @FUZZ
-@given(path=st.sampled_from(KNOWN_PATHS), headers=HEADERS, query=QUERIES, body=BODIES)
+@given(path=st.sampled_from(GUARDED_PATHS), headers=HEADERS, query=QUERIES, body=BODIES)
 async def test_fuzz_every_mechanism_refuses_garbage_credentials(
-    engine: AsyncEngine,
+    guarded_client: httpx.AsyncClient,
     path: str,
     headers: dict[str, str],
     query: dict[str, str],
     body: bytes,
 ) -> None:
-    sources = {
-        "default": SourceConfig(
-            token="right-token", basic_auth="u:p", signature_secret="sig", allow_ips=["127.0.0.0/8"]
-        )
-    }
-    async with running_client(engine, sources) as client:
-        answer = await client.post(path, params=query, headers=headers, content=body)
-    assert answer.status_code in (401, 404, 405, 413), answer.text
+    answer = await guarded_client.post(path, params=query, headers=headers, content=body)
+    refused = 403 if path.startswith("/hooks/walled/") else 401
+    assert answer.status_code in (refused, 413), answer.text
     assert answer.headers["content-type"] == "application/problem+json"
 
 
 @FUZZ
 @given(
-    body=mutated_payload(),
-    path=st.sampled_from(KNOWN_PATHS),
+    target=callback(),
+    headers=HEADERS,
     query=st.dictionaries(
         st.sampled_from(["requestId", "status", "message", "parts"]),
         st.text(max_size=20),
         max_size=3,
     ),
 )
-async def test_fuzz_payload_mutations_and_get_queries(
+async def test_fuzz_payloads_at_their_receivers_and_get_queries(
     client: httpx.AsyncClient,
     caplog: pytest.LogCaptureFixture,
-    body: bytes,
-    path: str,
+    target: tuple[str, bytes],
+    headers: dict[str, str],
     query: dict[str, str],
 ) -> None:
-    posted = await client.post(
-        path, params={"token": TOKEN}, content=body, headers={"content-type": "application/json"}
-    )
+    path, body = target
+    headers = {"content-type": "application/json", **headers}
+    posted = await client.post(path, params={"token": TOKEN}, content=body, headers=headers)
     got = await client.get(path, params={"token": TOKEN, **query})
     client.observed.check(posted, body)  # type: ignore[attr-defined]
     client.observed.check(got, b"")  # type: ignore[attr-defined]  # (GET: raw from the URL)
