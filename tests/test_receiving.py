@@ -13,7 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers import SourceConfig
 from receivers.store import queries
 from receivers.store.tables import ReceivedEvent, RejectedBody
-from receivers.store.writer import CONTENT_TYPE_LENGTH, REMOTE_ADDR_LENGTH
+from receivers.store.writer import (
+    CONTENT_TYPE_LENGTH,
+    PATH_LENGTH,
+    REASON_LENGTH,
+    REMOTE_ADDR_LENGTH,
+)
 from relay.simulator import factories
 from tests.conftest import TOKEN, ClientFactory
 
@@ -241,6 +246,8 @@ def test_cut_widths_are_the_columns_widths() -> None:
     for table in (ReceivedEvent.__table__, RejectedBody.__table__):
         assert table.c.content_type.type.length == CONTENT_TYPE_LENGTH
         assert table.c.remote_addr.type.length == REMOTE_ADDR_LENGTH
+    assert RejectedBody.__table__.c.path.type.length == PATH_LENGTH
+    assert RejectedBody.__table__.c.reason.type.length == REASON_LENGTH
 
 
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN", "1e400", '"inf"', '"nan"'])

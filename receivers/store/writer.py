@@ -62,6 +62,10 @@ CONTENT_TYPE_LENGTH = 255
 """The longest Content-Type kept (the column's width; a longer header is cut)."""
 REMOTE_ADDR_LENGTH = 64
 """The longest caller address kept (an IPv6 address with a long zone id is cut)."""
+PATH_LENGTH = 255
+"""The longest request path kept with a quarantined body."""
+REASON_LENGTH = 1000
+"""The longest refusal reason kept with a quarantined body (it may name many fields)."""
 
 Clock = Callable[[], datetime]
 
@@ -277,10 +281,10 @@ def _rejection_row(item: Rejection, digest: str, count: int, row_id: str, now: d
     return {
         "id": row_id,
         "source": item.source,
-        "path": item.path[:255],
+        "path": item.path[:PATH_LENGTH],
         "kind": item.kind,
         "status": item.status,
-        "reason": item.reason[:1000],
+        "reason": item.reason[:REASON_LENGTH],
         "errors": item.errors,
         "body_hash": digest,
         "raw_body": item.raw_body,
