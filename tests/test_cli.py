@@ -131,7 +131,7 @@ def test_reserved_source_names_are_refused(tmp_path: Path) -> None:
         ("sms", "taken by a receiver path"),
         ('"eu?west"', "is not a path segment"),
         ('".."', "is not a path segment"),
-        ("s" * 65, "is longer than 64 characters"),
+        ("s" * (SOURCE_NAME_LENGTH + 1), f"is longer than {SOURCE_NAME_LENGTH} characters"),
     ],
 )
 def test_serve_refuses_a_source_name_that_cannot_work(
@@ -167,7 +167,9 @@ def test_destination_and_policy_names_must_fit_the_deliveries_columns(
     assert "n" * NAME_LENGTH in (
         settings.destinations if what == "destination" else settings.policies
     )
-    with pytest.raises(SettingsError, match=f"{what} name 'nnnn.*longer than 64 characters"):
+    with pytest.raises(
+        SettingsError, match=f"{what} name 'nnnn.*longer than {NAME_LENGTH} characters"
+    ):
         load_settings(config_naming("n" * (NAME_LENGTH + 1)))
 
 
