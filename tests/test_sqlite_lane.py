@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import new_ids
-from receivers.store.batch_stores import SqliteLane, batch_store
+from receivers.store.batch_stores import BatchRows, SqliteLane, batch_store
 from receivers.store.engine import create_engine
 from receivers.store.tables import ReceivedEvent
 from relay import migrate
@@ -58,6 +59,13 @@ def event_rows(*keys: str, duplicates: int = 0) -> list[dict[str, Any]]:
     ]
 
 
+def batch(
+    events: list[dict[str, Any]], rejections: list[dict[str, Any]]
+) -> Callable[[], BatchRows]:
+    """A batch built already (the lane calls it when the write starts)."""
+    return lambda: (events, rejections)
+
+
 def rejection_row(body: bytes) -> dict[str, Any]:
     return {
         "id": new_ids(NOW, 1)[0],
@@ -92,10 +100,10 @@ async def stored(engine: AsyncEngine) -> dict[str, tuple[str, int]]:
 async def test_new_events_are_one_autocommitted_statement(
     lane: SqliteLane, sqlite_engine: AsyncEngine
 ) -> None:
-    await lane.write(event_rows("warm-up"), [])  # connects (pragmas) in the lane's thread
+    await lane.write(batch(event_rows("warm-up"), []))  # connects (pragmas) in the lane's thread
     statements = await _in_lane(lane, traced)
     rows = event_rows("a", "b", "c")
-    ids = await lane.write(rows, [])
+    ids = await lane.write(batch(rows, []))
 
     assert ids == {("default", "sms.inbound", row["dedup_key"]): row["id"] for row in rows}
     assert (await stored(sqlite_engine)).items() >= {
@@ -110,10 +118,10 @@ async def test_a_conflict_writes_the_batch_the_general_way(
     lane: SqliteLane, sqlite_engine: AsyncEngine
 ) -> None:
     first = event_rows("a")
-    await lane.write(first, [])
+    await lane.write(batch(first, []))
     statements = await _in_lane(lane, traced)
     second = event_rows("a", duplicates=1) + event_rows("b")
-    ids = await lane.write(second, [])
+    ids = await lane.write(batch(second, []))
 
     assert ids == {
         ("default", "sms.inbound", "a"): first[0]["id"],
@@ -127,10 +135,10 @@ async def test_a_conflict_writes_the_batch_the_general_way(
 async def test_rejections_share_the_events_transaction(
     lane: SqliteLane, sqlite_engine: AsyncEngine
 ) -> None:
-    await lane.write(event_rows("warm-up"), [])
+    await lane.write(batch(event_rows("warm-up"), []))
     statements = await _in_lane(lane, traced)
     rows = event_rows("a")
-    ids = await lane.write(rows, [rejection_row(b"not json")])
+    ids = await lane.write(batch(rows, [rejection_row(b"not json")]))
     assert ids == {("default", "sms.inbound", "a"): rows[0]["id"]}
     assert statements[0] == "BEGIN" and statements[-1] == "COMMIT"
     async with sqlite_engine.connect() as conn:
@@ -155,7 +163,7 @@ async def test_payloads_read_back_as_written(lane: SqliteLane, sqlite_engine: As
     rows = event_rows(*(f"p{index}" for index in range(len(payloads))))
     for row, payload in zip(rows, payloads, strict=True):
         row["payload"] = payload
-    await lane.write(rows, [])
+    await lane.write(batch(rows, []))
 
     async with sqlite_engine.connect() as conn:
         result = await conn.execute(
@@ -170,7 +178,27 @@ async def test_payloads_read_back_as_written(lane: SqliteLane, sqlite_engine: As
 async def test_nan_reads_back_as_nan(lane: SqliteLane, sqlite_engine: AsyncEngine) -> None:
     rows = event_rows("nan")
     rows[0]["payload"] = {"totalPrice": math.nan}
-    await lane.write(rows, [])
+    await lane.write(batch(rows, []))
     async with sqlite_engine.connect() as conn:
         payload = await conn.scalar(select(EVENTS.c.payload).where(EVENTS.c.dedup_key == "nan"))
     assert math.isnan(payload["totalPrice"])
+
+
+async def test_a_waiting_batch_is_built_in_the_lane_after_the_one_before_is_committed(
+    lane: SqliteLane, sqlite_engine: AsyncEngine
+) -> None:
+    seen: list[tuple[str, int]] = []
+
+    def second() -> BatchRows:
+        conn = lane._connect()  # only the lane's own thread may use it: this runs there
+        (count,) = conn.execute("SELECT count(*) FROM received_events").fetchone()
+        seen.append((threading.current_thread().name, count))
+        return event_rows("b"), []
+
+    first_rows = event_rows("a")
+    await asyncio.gather(lane.write(batch(first_rows, [])), lane.write(second))
+
+    assert len(seen) == 1
+    thread, count = seen[0]
+    assert thread.startswith("event-writer") and count == 1
+    assert set(await stored(sqlite_engine)) == {"a", "b"}

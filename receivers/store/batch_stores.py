@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,6 +21,8 @@ from receivers.store.sqlite_rows import SQLITE_MAX_PARAMETERS, driver_values, in
 from receivers.store.tables import ReceivedEvent, RejectedBody
 
 EVENTS = ReceivedEvent.__table__
+BatchRows = tuple[list[Row], list[Row]]
+"""A batch's event rows (one per identity) and quarantine rows."""
 STATEMENT_CACHE_SIZE = 1024  # multi-row inserts: one statement per batch size, two variants
 REJECTED = RejectedBody.__table__
 
@@ -29,12 +31,14 @@ class BatchStore(Protocol):
     """Writes batches, each in one transaction."""
 
     slots: int
-    """How many batches may be handed over before the first one is written."""
+    """How many batches may be handed over before the first one is written (each takes its
+    events only when its write starts)."""
 
-    def write(self, events: list[Row], rejections: list[Row]) -> Awaitable[dict[Identity, str]]:
-        """Start writing a batch (at once, where the store can): insert the event rows (one per
-        identity) unless stored already, add ``duplicates + 1`` to the stored row of those that
-        were, upsert the quarantine rows by body hash. Answers every identity's stored id."""
+    def write(self, build: Callable[[], BatchRows]) -> Awaitable[dict[Identity, str]]:
+        """Write the batch that ``build`` gives, calling it only when the write starts (so that a
+        batch waiting for its turn takes what arrived meanwhile): insert the event rows unless
+        stored already, add ``duplicates + 1`` to the stored row of those that were, upsert the
+        quarantine rows by body hash. Answers every identity's stored id."""
         ...
 
     async def close(self) -> None:
@@ -59,14 +63,17 @@ class SqlAlchemyStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
-    def write(self, events: list[Row], rejections: list[Row]) -> Awaitable[dict[Identity, str]]:
-        return self._write(events, rejections)
+    def write(self, build: Callable[[], BatchRows]) -> Awaitable[dict[Identity, str]]:
+        return self._write(build)
 
     async def close(self) -> None:
         return None
 
-    async def _write(self, events: list[Row], rejections: list[Row]) -> dict[Identity, str]:
+    async def _write(self, build: Callable[[], BatchRows]) -> dict[Identity, str]:
+        events, rejections = build()
         ids: dict[Identity, str] = {}
+        if not events and not rejections:
+            return ids
         async with self._engine.begin() as conn:
             statements = _statements(conn.dialect.name)
             if events:
@@ -148,7 +155,10 @@ class SqliteLane:
     where BEGIN, INSERT and COMMIT take three. When any of its rows conflicts, that statement
     fails as a whole with nothing written, and the batch is written the general way: BEGIN, one
     multi-row insert without RETURNING (its row count says whether any were stored already),
-    the copies counted, the rejections upserted, COMMIT."""
+    the copies counted, the rejections upserted, COMMIT.
+
+    Two slots: while one batch is written, the next waits in the thread's queue, and is built
+    there when its turn comes, from every event that arrived in the meantime."""
 
     slots = 2
 
@@ -159,15 +169,18 @@ class SqliteLane:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-writer")
         self._connection: sqlite3.Connection | None = None
 
-    def write(self, events: list[Row], rejections: list[Row]) -> Awaitable[dict[Identity, str]]:
+    def write(self, build: Callable[[], BatchRows]) -> Awaitable[dict[Identity, str]]:
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._thread, self._write, events, rejections)
+        return loop.run_in_executor(self._thread, self._write, build)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._disconnect)
         self._thread.shutdown()
 
-    def _write(self, events: list[Row], rejections: list[Row]) -> dict[Identity, str]:
+    def _write(self, build: Callable[[], BatchRows]) -> dict[Identity, str]:
+        events, rejections = build()
+        if not events and not rejections:
+            return {}
         conn = self._connect()
         try:
             if not rejections and self._insert_alone(conn, events):

@@ -2,8 +2,11 @@
 
 Requests hand their event to :class:`EventWriter` and wait. Events are written in batches, one
 transaction and one commit each, and every waiter is woken once its batch is committed. A batch
-starts as soon as the store has room for it: an event arriving while nothing is being written is
-handed over at once, and what arrives meanwhile groups up behind it. A duplicate (same source,
+is handed to the store as soon as the store has room for it (an event arriving while nothing is
+being written goes at once), but it takes its events from the queue only when the store starts
+writing it: on SQLite the next batch waits behind the one being written and then takes everything
+that arrived meanwhile. (Taken at hand-off, that next batch usually held the one or two events
+that came first, and cost a commit of its own.) A duplicate (same source,
 kind and dedup key) is never inserted twice, also when copies arrive in the same batch or in
 another process: the unique constraint decides and the loser is counted on the stored row.
 
@@ -25,11 +28,12 @@ own, competing for the one write lock), prompt ones otherwise.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -37,7 +41,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import new_ids
-from receivers.store.batch_stores import BatchStore, batch_store
+from receivers.store.batch_stores import BatchRows, BatchStore, batch_store
 from receivers.store.records import (
     AfterCommit,
     Arrival,
@@ -78,17 +82,19 @@ class _Pending:
 
 @dataclass
 class _Batch:
-    """A batch handed to the store: who waits for it, its rows, and the store's answer."""
+    """A batch handed to the store: who waits for it and its event rows, both filled in when the
+    store starts writing it (:meth:`EventWriter._fill`)."""
 
-    items: list[_Pending]
-    now: datetime
-    copies: dict[Identity, list[_Pending]]
-    rows: list[Row]
-    written: Awaitable[dict[Identity, str]]
+    items: list[_Pending] = field(default_factory=list)
+    copies: dict[Identity, list[_Pending]] = field(default_factory=dict)
+    rows: list[Row] = field(default_factory=list)
+    taken: bool = False
+    """Whether it has taken its items (set where it is built)."""
 
 
 class EventWriter:
-    """The writer of one process; see the module docstring."""
+    """The writer of one process; see the module docstring. ``open_store`` picks what writes
+    the batches (:func:`~receivers.store.batch_stores.batch_store` by default)."""
 
     def __init__(
         self,
@@ -99,8 +105,10 @@ class EventWriter:
         max_batch: int = MAX_BATCH,
         hook_batch: int = HOOK_BATCH,
         hook_delay: float = HOOK_DELAY_SECONDS,
+        open_store: Callable[[AsyncEngine], BatchStore] = batch_store,
     ) -> None:
         self._engine = engine
+        self._open_store = open_store
         self._clock = clock
         self._after_commit = after_commit
         self._max_batch = max_batch
@@ -110,6 +118,7 @@ class EventWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: deque[_Pending] = deque()
         self._writing = 0
+        self._latest: _Batch | None = None
         self._unhooked: list[StoredEvent] = []
         self._hooking = False
         self._hook_timer: asyncio.TimerHandle | None = None
@@ -118,7 +127,7 @@ class EventWriter:
     async def start(self) -> None:
         """Open the store (in the event loop that will use it)."""
         self._loop = asyncio.get_running_loop()
-        self._store = batch_store(self._engine)
+        self._store = self._open_store(self._engine)
 
     async def stop(self) -> None:
         """Write what is queued, give the hook what it has not had, then close the store."""
@@ -150,37 +159,55 @@ class EventWriter:
         return future
 
     def _pump(self, store: BatchStore) -> None:
-        """Hand what is queued to the store while it has room."""
-        while self._queue and self._writing < store.slots:
-            items = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
+        """Hand the store a batch while it has room and events are queued, one batch at a time
+        that has not yet taken its events (it will take every event queued by then)."""
+        while (
+            self._queue
+            and self._writing < store.slots
+            and (self._latest is None or self._latest.taken)
+        ):
+            batch = self._latest = _Batch()
             self._writing += 1
-            self._spawn(self._finish(store, self._begin(store, items)))
+            written = store.write(functools.partial(self._fill, batch, None))
+            self._spawn(self._finish(store, batch, written))
 
-    def _begin(self, store: BatchStore, items: list[_Pending]) -> _Batch:
-        """Build a batch's rows and hand them to the store (which may start at once)."""
+    def _fill(self, batch: _Batch, items: list[_Pending] | None) -> BatchRows:
+        """Give ``batch`` its items (see :meth:`_take`) and build its rows. Runs where the store
+        starts the write (on SQLite, in the lane's thread)."""
+        self._take(batch, items)  # first: should building fail, the callers still get an answer
         now = self._clock()
-        copies: dict[Identity, list[_Pending]] = {}
         rejected: dict[str, tuple[Rejection, int]] = {}
-        for pending in items:
+        for pending in batch.items:
             item = pending.item
             if isinstance(item, Arrival):
-                copies.setdefault(item.identity, []).append(pending)
+                batch.copies.setdefault(item.identity, []).append(pending)
             else:
                 digest = body_hash(item.raw_body)
                 seen = rejected.get(digest)
                 rejected[digest] = (seen[0], seen[1] + 1) if seen else (item, 1)
-        ids = new_ids(now, len(copies) + len(rejected))
-        rows = [_event_row(same, i, now) for same, i in zip(copies.values(), ids, strict=False)]
+        copies, ids = batch.copies, new_ids(now, len(batch.copies) + len(rejected))
+        batch.rows = [
+            _event_row(same, i, now) for same, i in zip(copies.values(), ids, strict=False)
+        ]
         quarantine = [
             _rejection_row(item, d, n, i, now)
             for (d, (item, n)), i in zip(rejected.items(), ids[len(copies) :], strict=True)
         ]
-        return _Batch(items, now, copies, rows, store.write(rows, quarantine))
+        return batch.rows, quarantine
 
-    async def _finish(self, store: BatchStore, batch: _Batch) -> None:
+    def _take(self, batch: _Batch, items: list[_Pending] | None = None) -> None:
+        """Give ``batch`` its items: the given ones, else the queue's first ``max_batch``."""
+        if items is None:
+            items = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
+        batch.items = items
+        batch.taken = True
+
+    async def _finish(
+        self, store: BatchStore, batch: _Batch, written: Awaitable[dict[Identity, str]]
+    ) -> None:
         """Wait for a batch, wake its callers, keep its new events for the hook."""
         try:
-            stored = await self._settle(store, batch)
+            stored = await self._settle(store, batch, written)
         finally:
             self._writing -= 1
             self._pump(store)
@@ -188,18 +215,24 @@ class EventWriter:
             self._unhooked += stored
             self._schedule_hook()
 
-    async def _settle(self, store: BatchStore, batch: _Batch) -> list[StoredEvent]:
+    async def _settle(
+        self, store: BatchStore, batch: _Batch, written: Awaitable[dict[Identity, str]]
+    ) -> list[StoredEvent]:
         """Settle a batch's futures; returns its newly stored events."""
         try:
-            ids = await batch.written
+            ids = await written
         except Exception as exc:
+            if not batch.taken:  # the store failed before building it: its callers fail too
+                self._take(batch)
             if len(batch.items) > 1 and not _is_connection_error(exc):
                 log.warning(
                     "batch write failed (%s); writing its items one by one", type(exc).__name__
                 )
                 stored: list[StoredEvent] = []
                 for pending in batch.items:
-                    stored += await self._settle(store, self._begin(store, [pending]))
+                    alone = _Batch()
+                    written = store.write(functools.partial(self._fill, alone, [pending]))
+                    stored += await self._settle(store, alone, written)
                 return stored
             log.error("store unavailable: %s", type(exc).__name__, exc_info=exc)
             for pending in batch.items:
@@ -212,7 +245,8 @@ class EventWriter:
             new = event_id == row["id"]
             if new:
                 source, kind, _ = identity
-                stored.append(StoredEvent(event_id, source, kind, batch.now, row["payload"]))
+                received_at = row["received_at"]
+                stored.append(StoredEvent(event_id, source, kind, received_at, row["payload"]))
             for index, pending in enumerate(same):
                 if not pending.future.done():
                     pending.future.set_result(Receipt(event_id, duplicate=index > 0 or not new))

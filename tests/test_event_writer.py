@@ -1,0 +1,159 @@
+"""The event writer's group commit: when a batch takes its events, and who gets which answer.
+
+The store here is a stand-in whose writes start and end only when the test says so, so that
+the order of arrivals, hand-overs and commits is exact (the real stores are tested in
+test_sqlite_lane.py and, through the app, in test_receiving.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers.store.batch_stores import BatchRows
+from receivers.store.engine import create_engine
+from receivers.store.records import Arrival, Identity, Receipt, StoreUnavailable, identity
+from receivers.store.writer import EventWriter
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+class GatedStore:
+    """A batch store with two slots whose writes start (build) and commit on request."""
+
+    slots = 2
+
+    def __init__(self) -> None:
+        self.handed: deque[tuple[Callable[[], BatchRows], asyncio.Future[dict[Identity, str]]]]
+        self.handed = deque()
+        self.started: deque[tuple[BatchRows, asyncio.Future[dict[Identity, str]]]] = deque()
+        self.batches: list[list[str]] = []
+        """The dedup keys of each batch, in the order the batches were built."""
+
+    def write(self, build: Callable[[], BatchRows]) -> Awaitable[dict[Identity, str]]:
+        future: asyncio.Future[dict[Identity, str]] = asyncio.get_running_loop().create_future()
+        self.handed.append((build, future))
+        return future
+
+    async def close(self) -> None:
+        return None
+
+    def start_next(self) -> None:
+        """Start the oldest handed-over write: the batch is built now."""
+        build, future = self.handed.popleft()
+        rows = build()
+        self.batches.append([row["dedup_key"] for row in rows[0]])
+        self.started.append((rows, future))
+
+    async def commit_next(self) -> None:
+        """Commit the oldest started write and let its callers run."""
+        (events, _), future = self.started.popleft()
+        future.set_result({identity(row): row["id"] for row in events})
+        await settle()
+
+    async def fail_next(self, exc: Exception) -> None:
+        """Fail the oldest handed-over write before it was built (as a lost connection would)."""
+        _, future = self.handed.popleft()
+        future.set_exception(exc)
+        await settle()
+
+
+async def settle() -> None:
+    """Let every ready callback and task of the loop run."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def arrival(key: str) -> Arrival:
+    return Arrival(
+        source="default",
+        kind="sms.inbound",
+        dedup_key=key,
+        payload={"requestId": key},
+        raw_body=b'{"requestId": "%s"}' % key.encode(),
+        content_type="application/json",
+        method="POST",
+        remote_addr="127.0.0.1",
+    )
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[AsyncEngine]:
+    engine = create_engine("sqlite:///:memory:")
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+async def gated(engine: AsyncEngine) -> AsyncIterator[tuple[EventWriter, GatedStore]]:
+    store = GatedStore()
+    writer = EventWriter(engine, clock=lambda: NOW, open_store=lambda _: store)
+    await writer.start()
+    yield writer, store
+    while store.handed or store.started:  # let stop() finish whatever is left
+        if store.handed:
+            store.start_next()
+        await store.commit_next()
+    await writer.stop()
+
+
+async def test_the_waiting_batch_takes_what_arrived_while_the_first_was_written(
+    gated: tuple[EventWriter, GatedStore],
+) -> None:
+    writer, store = gated
+    first = asyncio.ensure_future(writer.store(arrival("a")))
+    store.start_next()  # "a" is being written
+    later = [asyncio.ensure_future(writer.store(arrival(key))) for key in "bcd"]
+    await settle()
+    assert len(store.handed) == 1  # one batch waits behind the first, nothing taken yet
+
+    await store.commit_next()
+    assert first.done() and not any(receipt.done() for receipt in later)
+    store.start_next()
+    await store.commit_next()
+
+    assert store.batches == [["a"], ["b", "c", "d"]]
+    receipts = [await receipt for receipt in [first, *later]]
+    assert all(isinstance(receipt, Receipt) and not receipt.duplicate for receipt in receipts)
+    assert len({receipt.event_id for receipt in receipts}) == 4
+
+
+async def test_only_one_batch_at_a_time_waits_to_take_events(
+    gated: tuple[EventWriter, GatedStore],
+) -> None:
+    writer, store = gated
+    receipts = [asyncio.ensure_future(writer.store(arrival(key))) for key in "abc"]
+    await settle()
+    assert len(store.handed) == 1  # a second slot is free, but the first batch takes them all
+
+    store.start_next()
+    await store.commit_next()
+    assert store.batches == [["a", "b", "c"]]
+    assert all(receipt.done() for receipt in receipts)
+    assert not store.handed
+
+
+async def test_a_write_failing_before_its_batch_was_built_fails_the_queued_callers(
+    gated: tuple[EventWriter, GatedStore],
+) -> None:
+    writer, store = gated
+    receipts = [asyncio.ensure_future(writer.store(arrival(key))) for key in "ab"]
+    await settle()
+    await store.fail_next(ConnectionError("lost"))
+
+    assert all(receipt.done() for receipt in receipts)
+    for receipt in receipts:
+        with pytest.raises(StoreUnavailable):
+            receipt.result()
+    assert not store.handed  # nothing is left queued for a batch that would never be built
+
+    retried = asyncio.ensure_future(writer.store(arrival("c")))  # the writer goes on
+    await settle()
+    store.start_next()
+    await store.commit_next()
+    assert isinstance(await retried, Receipt)
+    assert store.batches == [["c"]]
