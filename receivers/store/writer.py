@@ -5,10 +5,10 @@ transaction and one commit each, and every waiter is woken once its batch is com
 is handed to the store as soon as the store has room for it (an event arriving while nothing is
 being written goes at once), but it takes its events from the queue only when the store starts
 writing it: on SQLite the next batch waits behind the one being written and then takes everything
-that arrived meanwhile. (Taken at hand-off, that next batch usually held the one or two events
-that came first, and cost a commit of its own.) A duplicate (same source,
-kind and dedup key) is never inserted twice, also when copies arrive in the same batch or in
-another process: the unique constraint decides and the loser is counted on the stored row.
+that arrived meanwhile. (Taken at hand-off, that next batch often held only the one or two
+events that came first, and cost a commit of its own.) A duplicate (same source, kind and dedup
+key) is never inserted twice, also when copies arrive in the same batch or in another process:
+the unique constraint decides and the loser is counted on the stored row.
 
 How a batch reaches the database depends on the backend (see
 :func:`~receivers.store.batch_stores.batch_store`):
