@@ -171,6 +171,15 @@ async def _all_succeeded(engine: AsyncEngine, expected: int) -> bool:
     return len(rows) == expected and all(r["status"] == SUCCEEDED for r in rows)
 
 
+async def _delivery_states(engine: AsyncEngine) -> str:
+    """The deliveries that have not succeeded, one per line (for a failure's report)."""
+    rows = await inspect.list_deliveries(engine, limit=10_000)
+    pending = [r for r in rows if r["status"] != SUCCEEDED]
+    return f"{len(rows)} deliveries, {len(pending)} not succeeded:\n" + "\n".join(
+        json.dumps(r, default=str) for r in pending
+    )
+
+
 async def test_flushall_mid_run_loses_nothing(
     engine: AsyncEngine, database_url: str, sink: Sink, redis: Redis
 ) -> None:
@@ -217,19 +226,22 @@ async def test_worker_killed_mid_run_loses_nothing(
     )
     settings = Settings(**_toml(config))
     runtime = await start(settings)
+    logs: list[Path] = []
 
     async def worker() -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "relay",
-            "worker",
-            "--config",
-            str(config),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "RELAY_CONFIG": ""},
-        )
+        logs.append(tmp_path / f"worker-{len(logs) + 1}.log")
+        with logs[-1].open("wb") as log:
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "relay",
+                "worker",
+                "--config",
+                str(config),
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ, "RELAY_CONFIG": ""},
+            )
 
     async with serving(runtime) as client:
         first = await worker()
@@ -242,6 +254,11 @@ async def test_worker_killed_mid_run_loses_nothing(
         try:
             await eventually(lambda: delivered_ids(sink) >= ids, timeout=60)
             await eventually(lambda: _all_succeeded(engine, 40), timeout=30)
+        except AssertionError:
+            print(await _delivery_states(engine))  # shown by pytest with the failure
+            for log in logs:
+                print(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-4000:]}")
+            raise
         finally:
             second.terminate()
             await second.wait()
