@@ -81,6 +81,11 @@ def arrival(key: str) -> Arrival:
     )
 
 
+def submit(writer: EventWriter, keys: str) -> list[asyncio.Future[Receipt]]:
+    """Hand the writer one event per key (each a one-letter dedup key); their receipts."""
+    return [asyncio.ensure_future(writer.store(arrival(key))) for key in keys]
+
+
 @pytest.fixture
 async def engine() -> AsyncIterator[AsyncEngine]:
     engine = create_engine("sqlite:///:memory:")
@@ -105,9 +110,9 @@ async def test_the_waiting_batch_takes_what_arrived_while_the_first_was_written(
     gated: tuple[EventWriter, GatedStore],
 ) -> None:
     writer, store = gated
-    first = asyncio.ensure_future(writer.store(arrival("a")))
+    [first] = submit(writer, "a")
     store.start_next()  # "a" is being written
-    later = [asyncio.ensure_future(writer.store(arrival(key))) for key in "bcd"]
+    later = submit(writer, "bcd")
     await settle()
     assert len(store.handed) == 1  # one batch waits behind the first, nothing taken yet
 
@@ -126,7 +131,7 @@ async def test_only_one_batch_at_a_time_waits_to_take_events(
     gated: tuple[EventWriter, GatedStore],
 ) -> None:
     writer, store = gated
-    receipts = [asyncio.ensure_future(writer.store(arrival(key))) for key in "abc"]
+    receipts = submit(writer, "abc")
     await settle()
     assert len(store.handed) == 1  # a second slot is free, but the first batch takes them all
 
@@ -141,7 +146,7 @@ async def test_a_write_failing_before_its_batch_was_built_fails_the_queued_calle
     gated: tuple[EventWriter, GatedStore],
 ) -> None:
     writer, store = gated
-    receipts = [asyncio.ensure_future(writer.store(arrival(key))) for key in "ab"]
+    receipts = submit(writer, "ab")
     await settle()
     await store.fail_next(ConnectionError("lost"))
 
@@ -151,7 +156,7 @@ async def test_a_write_failing_before_its_batch_was_built_fails_the_queued_calle
             receipt.result()
     assert not store.handed  # nothing is left queued for a batch that would never be built
 
-    retried = asyncio.ensure_future(writer.store(arrival("c")))  # the writer goes on
+    [retried] = submit(writer, "c")  # the writer goes on
     await settle()
     store.start_next()
     await store.commit_next()
