@@ -19,6 +19,7 @@ from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, _sqlite_pragmas
 from receivers.store.records import IDENTITY_COLUMNS, Identity, Row, StoreUnavailable, identity
 from receivers.store.sqlite_rows import SQLITE_MAX_PARAMETERS, driver_values, insert_sql
 from receivers.store.tables import ReceivedEvent, RejectedBody
+from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
 
 EVENTS = ReceivedEvent.__table__
 BatchRows = tuple[list[Row], list[Row]]
@@ -158,23 +159,29 @@ class SqliteLane:
     the copies counted, the rejections upserted, COMMIT.
 
     Two slots: while one batch is written, the next waits in the thread's queue, and is built
-    there when its turn comes, from every event that arrived in the meantime."""
+    there when its turn comes, from every event that arrived in the meantime.
+
+    Commits leave the WAL checkpoints to a :class:`WalCheckpointer` (only past
+    :data:`BACKSTOP_PAGES` does a commit checkpoint itself)."""
 
     slots = 2
 
-    def __init__(self, database: str, dialect: Dialect) -> None:
+    def __init__(
+        self, database: str, dialect: Dialect, checkpoints: WalCheckpointer | None = None
+    ) -> None:
         self._database = database
         self._event_values = driver_values(EVENTS, EVENTS.c.keys(), dialect)
         self._rejected_values = driver_values(REJECTED, REJECTED.c.keys(), dialect)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-writer")
         self._connection: sqlite3.Connection | None = None
+        self._checkpoints = checkpoints or WalCheckpointer(database)
 
     def write(self, build: Callable[[], BatchRows]) -> Awaitable[dict[Identity, str]]:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._thread, self._write, build)
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._disconnect)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._release)
         self._thread.shutdown()
 
     def _write(self, build: Callable[[], BatchRows]) -> dict[Identity, str]:
@@ -184,19 +191,21 @@ class SqliteLane:
         conn = self._connect()
         try:
             if not rejections and self._insert_alone(conn, events):
-                return {identity(row): row["id"] for row in events}
-            conn.execute("BEGIN")
-            ids = self._insert_events(conn, events)
-            if rejections:
-                values = [self._rejected_values([row]) for row in rejections]
-                conn.executemany(_UPSERT_REJECTED, values)
-            conn.commit()
+                ids = {identity(row): row["id"] for row in events}
+            else:
+                conn.execute("BEGIN")
+                ids = self._insert_events(conn, events)
+                if rejections:
+                    values = [self._rejected_values([row]) for row in rejections]
+                    conn.executemany(_UPSERT_REJECTED, values)
+                conn.commit()
         except BaseException as exc:
             if isinstance(exc, sqlite3.OperationalError):
                 self._disconnect()  # rolls back; the next batch starts afresh
             elif conn.in_transaction:
                 conn.rollback()
             raise
+        self._checkpoints.committed()
         return ids
 
     def _insert_alone(self, conn: sqlite3.Connection, events: list[Row]) -> bool:
@@ -239,8 +248,13 @@ class SqliteLane:
                 cached_statements=STATEMENT_CACHE_SIZE,
             )
             _sqlite_pragmas(conn, None)
+            conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
             self._connection = conn
         return self._connection
+
+    def _release(self) -> None:
+        self._disconnect()
+        self._checkpoints.close()
 
     def _disconnect(self) -> None:
         if self._connection is not None:
