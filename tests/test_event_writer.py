@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.batch_stores import BatchRows
 from receivers.store.engine import create_engine
-from receivers.store.records import Arrival, Identity, Receipt, StoreUnavailable, identity
+from receivers.store.records import (
+    Arrival,
+    Identity,
+    Receipt,
+    StoredEvent,
+    StoreUnavailable,
+    identity,
+)
 from receivers.store.writer import EventWriter
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -162,3 +170,75 @@ async def test_a_write_failing_before_its_batch_was_built_fails_the_queued_calle
     await store.commit_next()
     assert isinstance(await retried, Receipt)
     assert store.batches == [["c"]]
+
+
+class HookCalls(list[list[str]]):
+    """An after-commit hook that records the dedup keys of each call."""
+
+    async def __call__(self, events: Sequence[StoredEvent]) -> None:
+        self.append([event.payload["requestId"] for event in events])
+
+
+async def hooked_writer(
+    engine: AsyncEngine, store: GatedStore, hook: HookCalls, **options: Any
+) -> EventWriter:
+    """A started writer over ``store`` whose hook waits for no delay (only for the interval)."""
+    writer = EventWriter(
+        engine,
+        clock=lambda: NOW,
+        after_commit=hook,
+        open_store=lambda _: store,
+        hook_delay=0,
+        **options,
+    )
+    await writer.start()
+    return writer
+
+
+async def commit(writer: EventWriter, store: GatedStore, keys: str) -> None:
+    """Store one event per key and commit them as one batch."""
+    receipts = submit(writer, keys)
+    await settle()
+    store.start_next()
+    await store.commit_next()
+    assert all(receipt.done() for receipt in receipts)
+
+
+async def test_a_quiet_writer_calls_the_hook_after_each_commit(engine: AsyncEngine) -> None:
+    store, hook = GatedStore(), HookCalls()
+    writer = await hooked_writer(engine, store, hook, hook_busy_events=2, hook_interval=60)
+    await commit(writer, store, "a")
+    await settle()
+    await commit(writer, store, "b")  # the call before carried fewer than 2: no interval
+    await settle()
+    assert hook == [["a"], ["b"]]
+    await writer.stop()
+
+
+async def test_after_a_busy_call_the_next_waits_for_the_interval(engine: AsyncEngine) -> None:
+    store, hook = GatedStore(), HookCalls()
+    writer = await hooked_writer(engine, store, hook, hook_busy_events=2, hook_interval=60)
+    await commit(writer, store, "ab")
+    await settle()
+    assert hook == [["a", "b"]]
+
+    await commit(writer, store, "c")
+    await commit(writer, store, "d")
+    await settle()
+    assert hook == [["a", "b"]]  # 60 s have not passed since the busy call began
+
+    await writer.stop()  # stopping hands over what waits
+    assert hook == [["a", "b"], ["c", "d"]]
+
+
+async def test_a_full_hook_batch_is_handed_over_at_once(engine: AsyncEngine) -> None:
+    store, hook = GatedStore(), HookCalls()
+    writer = await hooked_writer(
+        engine, store, hook, hook_busy_events=2, hook_interval=60, hook_batch=3
+    )
+    await commit(writer, store, "ab")
+    await settle()
+    await commit(writer, store, "cde")  # within the interval, but a full batch
+    await settle()
+    assert hook == [["a", "b"], ["c", "d", "e"]]
+    await writer.stop()

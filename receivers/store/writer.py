@@ -21,8 +21,9 @@ How a batch reaches the database depends on the backend (see
 
 The after-commit hook gets the new events after their callers were woken, in commit order, one
 call at a time, beside the writer: with ``hook_batch`` events, or with fewer once the oldest has
-waited ``hook_delay`` seconds. Few calls under load (on SQLite each is a write transaction of its
-own, competing for the one write lock), prompt ones otherwise.
+waited ``hook_delay`` seconds, or, after a call that carried ``hook_busy_events`` or more, once
+``hook_interval`` seconds have passed since that call began. Few calls under load (on SQLite each
+is a write transaction of its own, competing for the one write lock), prompt ones otherwise.
 """
 
 from __future__ import annotations
@@ -57,11 +58,16 @@ from receivers.store.records import (
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 256
-HOOK_BATCH = 1024
-"""Under load the hook is called every ``HOOK_DELAY_SECONDS`` up to ~20k events/s: each call is
-a transaction of its own, and on SQLite every one of them makes the writer wait for the lock
-(about 6 % more events/s than with calls of 256, measured with scripts/bench_ingest.py)."""
+HOOK_BATCH = 4096
+"""A hook call is made at once when this many events wait for it."""
 HOOK_DELAY_SECONDS = 0.05
+"""How long the oldest event waits for the hook while the writer is quiet."""
+HOOK_BUSY_EVENTS = 256
+HOOK_INTERVAL_SECONDS = 0.2
+"""After a call of ``HOOK_BUSY_EVENTS`` or more, the next one begins no sooner than this after
+it: each call is a transaction of its own, and on SQLite every one of them makes the writer wait
+for the lock (calls every 0.2 s instead of every 0.05 s: about 3 % more events/s, measured with
+scripts/bench_ingest.py)."""
 CONTENT_TYPE_LENGTH = 255
 """The longest Content-Type kept (the column's width; a longer header is cut)."""
 REMOTE_ADDR_LENGTH = 64
@@ -105,6 +111,8 @@ class EventWriter:
         max_batch: int = MAX_BATCH,
         hook_batch: int = HOOK_BATCH,
         hook_delay: float = HOOK_DELAY_SECONDS,
+        hook_busy_events: int = HOOK_BUSY_EVENTS,
+        hook_interval: float = HOOK_INTERVAL_SECONDS,
         open_store: Callable[[AsyncEngine], BatchStore] = batch_store,
     ) -> None:
         self._engine = engine
@@ -114,6 +122,8 @@ class EventWriter:
         self._max_batch = max_batch
         self._hook_batch = hook_batch
         self._hook_delay = hook_delay
+        self._hook_busy_events = hook_busy_events
+        self._hook_interval = hook_interval
         self._store: BatchStore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: deque[_Pending] = deque()
@@ -122,6 +132,8 @@ class EventWriter:
         self._unhooked: list[StoredEvent] = []
         self._hooking = False
         self._hook_timer: asyncio.TimerHandle | None = None
+        self._last_hook = (0.0, 0)
+        """When the latest hook call began (event loop time) and how many events it carried."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -263,7 +275,15 @@ class EventWriter:
             self._call_hook()
         elif self._hook_timer is None:
             loop = asyncio.get_running_loop()
-            self._hook_timer = loop.call_later(self._hook_delay, self._call_hook)
+            self._hook_timer = loop.call_later(self._hook_wait(loop.time()), self._call_hook)
+
+    def _hook_wait(self, now: float) -> float:
+        """Seconds until the next hook call: ``hook_delay``, or what is left of ``hook_interval``
+        since the latest call began if that one was a busy writer's (and longer)."""
+        began, carried = self._last_hook
+        if carried < self._hook_busy_events:
+            return self._hook_delay
+        return max(self._hook_delay, began + self._hook_interval - now)
 
     def _call_hook(self) -> None:
         if self._hook_timer is not None:
@@ -273,6 +293,7 @@ class EventWriter:
             return
         self._hooking = True
         events, self._unhooked = self._unhooked, []
+        self._last_hook = (asyncio.get_running_loop().time(), len(events))
         self._spawn(self._run_hook(events))
 
     async def _run_hook(self, events: list[StoredEvent]) -> None:
