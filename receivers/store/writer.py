@@ -66,7 +66,7 @@ HOOK_BUSY_EVENTS = 256
 HOOK_INTERVAL_SECONDS = 0.2
 """After a call of ``HOOK_BUSY_EVENTS`` or more, the next one begins no sooner than this after
 it: each call is a transaction of its own, and on SQLite every one of them makes the writer wait
-for the lock (calls every 0.2 s instead of every 0.05 s: about 3 % more events/s, measured with
+for the lock (calls every 0.2 s instead of every 0.05 s: 2-3 % more events/s, measured with
 scripts/bench_ingest.py)."""
 CONTENT_TYPE_LENGTH = 255
 """The longest Content-Type kept (the column's width; a longer header is cut)."""
