@@ -10,12 +10,15 @@ from datetime import UTC, datetime, timedelta
 
 from arq.connections import ArqRedis
 
+from receivers.app import utc_now
 from relay.outbox import Due
 
 QUEUE_NAME = "relay:queue"
 DELIVER_FUNCTION = "deliver"
 ENQUEUE_CONCURRENCY = 32
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EXPIRY_MARGIN = timedelta(days=1)
+"""How long a job may wait in the queue past its due time before arq drops it (arq's default)."""
 
 
 def deliver_job_id(due: Due) -> str:
@@ -33,10 +36,16 @@ def deliver_job_id(due: Due) -> str:
 class JobQueue:
     """Enqueues deliver jobs on the relay queue (real Redis, or fakeredis when embedded)."""
 
-    def __init__(self, pool: ArqRedis, on_enqueue: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        pool: ArqRedis,
+        on_enqueue: Callable[[], None] | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
         self.pool = pool
         self.on_enqueue = on_enqueue
         """Called after new jobs were enqueued (the embedded worker's wake-up)."""
+        self._clock = clock
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
 
     async def enqueue(self, due: Sequence[Due]) -> int:
@@ -92,8 +101,17 @@ class JobQueue:
             return list(await pipe.execute())
 
     async def _enqueue_one(self, function: str, arg: object, job_id: str, at: datetime) -> bool:
+        """Enqueue one job for ``at`` (its queue position: overdue jobs run oldest first). Its
+        expiry is given, since arq's own (``at`` + 1 day, from now) is negative, and refused by
+        Redis, for a job more than a day overdue: one the sweeper re-enqueues after an outage."""
+        expires = max(at - self._clock(), timedelta(0)) + EXPIRY_MARGIN
         async with self._limit:
             job = await self.pool.enqueue_job(
-                function, arg, _job_id=job_id, _queue_name=QUEUE_NAME, _defer_until=at
+                function,
+                arg,
+                _job_id=job_id,
+                _queue_name=QUEUE_NAME,
+                _defer_until=at,
+                _expires=expires,
             )
         return job is not None

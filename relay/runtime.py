@@ -59,7 +59,7 @@ async def relay_queue(
     if settings.redis_url:
         pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
         try:
-            yield JobQueue(pool)
+            yield JobQueue(pool, clock=clock)
         finally:
             await pool.aclose()
         return
@@ -70,7 +70,7 @@ async def relay_queue(
     assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
     try:
-        yield JobQueue(pool, on_enqueue=worker.wake)
+        yield JobQueue(pool, on_enqueue=worker.wake, clock=clock)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

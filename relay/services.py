@@ -83,7 +83,7 @@ def worker_services(
         name: Target(build_destination(name, config, http_client=http_client), config.timeout)
         for name, config in settings.destinations.items()
     }
-    queue = JobQueue(pool)
+    queue = JobQueue(pool, clock=clock)
     deliverer = Deliverer(
         engine,
         targets,

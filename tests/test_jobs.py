@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from arq.constants import job_key_prefix
+
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
 from relay.outbox import Due
 from relay.runtime import embedded_pool
@@ -23,4 +25,22 @@ async def test_job_ids_dedupe_queued_jobs_but_not_new_schedules() -> None:
     )
     assert await queue.pool.zcard(QUEUE_NAME) == 3
     assert await queue.without_jobs([first, Due("d2", 0, AT)]) == [Due("d2", 0, AT)]
+    await queue.pool.aclose()
+
+
+async def test_a_job_days_overdue_is_queued_first_and_kept_a_day() -> None:
+    """The sweeper re-enqueues deliveries that fell due during an outage: arq's own expiry
+    (due time + 1 day, counted from now) would be negative, which Redis refuses."""
+    now = AT + timedelta(days=3)
+    queue = JobQueue(embedded_pool(), clock=lambda: now)
+    overdue = Due("d1", 2, AT)
+    current = Due("d2", 0, now)
+    later = Due("d3", 1, now + timedelta(hours=10))
+    assert await queue.enqueue([later, current, overdue]) == 3
+
+    queued = await queue.pool.zrange(QUEUE_NAME, 0, -1)
+    assert queued == [deliver_job_id(d).encode() for d in (overdue, current, later)]
+    for due, kept in ((overdue, timedelta(days=1)), (later, timedelta(hours=34))):
+        ttl = timedelta(milliseconds=await queue.pool.pttl(job_key_prefix + deliver_job_id(due)))
+        assert kept - timedelta(minutes=1) < ttl <= kept
     await queue.pool.aclose()
