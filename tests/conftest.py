@@ -127,6 +127,15 @@ async def running_client(
 
 
 @pytest.fixture
+async def sqlite_engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    """A migrated SQLite file of this test's own (for what only SQLite has)."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'lane.db'}")
+    await migrate.upgrade(engine)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
 def make_client(engine: AsyncEngine) -> ClientFactory:
     """``async with make_client(sources, client_ip=..., max_body_bytes=...) as client``."""
 

@@ -7,7 +7,6 @@ import math
 import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,20 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import new_ids
 from receivers.store.batch_stores import BatchRows, SqliteLane, batch_store
-from receivers.store.engine import create_engine
 from receivers.store.tables import ReceivedEvent
-from relay import migrate
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 EVENTS = ReceivedEvent.__table__
-
-
-@pytest.fixture
-async def sqlite_engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(f"sqlite:///{tmp_path / 'lane.db'}")
-    await migrate.upgrade(engine)
-    yield engine
-    await engine.dispose()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.batch_stores import BatchRows, SqliteLane
 from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
-from tests.test_sqlite_lane import _in_lane, event_rows, sqlite_engine  # noqa: F401 (a fixture)
+from tests.test_sqlite_lane import _in_lane, event_rows
 
 ROW_BYTES = 8192
 
@@ -125,7 +125,7 @@ def big_batch(name: str, count: int) -> Callable[[], BatchRows]:
 
 
 async def test_the_lane_leaves_checkpoints_to_its_checkpointer(
-    sqlite_engine: AsyncEngine,  # noqa: F811 (the fixture)
+    sqlite_engine: AsyncEngine,
 ) -> None:
     database = Path(str(sqlite_engine.url.database))
     clock = StoppedClock()

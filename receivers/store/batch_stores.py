@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, _sqlite_pragmas
+from receivers.store.engine import sqlite_connection
 from receivers.store.records import IDENTITY_COLUMNS, Identity, Row, StoreUnavailable, identity
 from receivers.store.sqlite_rows import SQLITE_MAX_PARAMETERS, driver_values, insert_sql
 from receivers.store.tables import ReceivedEvent, RejectedBody
@@ -241,13 +241,7 @@ class SqliteLane:
 
     def _connect(self) -> sqlite3.Connection:
         if self._connection is None:
-            conn = sqlite3.connect(
-                self._database,
-                timeout=CONNECT_TIMEOUT_SECONDS,
-                isolation_level=None,  # autocommit: transactions are begun explicitly
-                cached_statements=STATEMENT_CACHE_SIZE,
-            )
-            _sqlite_pragmas(conn, None)
+            conn = sqlite_connection(self._database, cached_statements=STATEMENT_CACHE_SIZE)
             conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
             self._connection = conn
         return self._connection

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from sqlalchemy import event
@@ -38,6 +39,16 @@ def create_engine(url: str, **options: Any) -> AsyncEngine:
         options.setdefault("pool_pre_ping", True)
         options.setdefault("pool_size", 10)
     return create_async_engine(full_url, **options)
+
+
+def sqlite_connection(database: str, **options: Any) -> sqlite3.Connection:
+    """A plain ``sqlite3`` connection in autocommit mode (transactions are begun explicitly)
+    with the engine's pragmas: WAL, ``synchronous=FULL``, the busy timeout."""
+    conn = sqlite3.connect(
+        database, timeout=CONNECT_TIMEOUT_SECONDS, isolation_level=None, **options
+    )
+    _sqlite_pragmas(conn, None)
+    return conn
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

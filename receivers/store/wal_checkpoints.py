@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, _sqlite_pragmas
+from receivers.store.engine import sqlite_connection
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,8 @@ class WalCheckpointer:
 
     def _checkpoint(self) -> None:
         try:
-            if self._connection is None:
-                connection = sqlite3.connect(
-                    self._database, timeout=CONNECT_TIMEOUT_SECONDS, isolation_level=None
-                )
-                _sqlite_pragmas(connection, None)  # synchronous=FULL: the copy is synced too
-                self._connection = connection
+            if self._connection is None:  # synchronous=FULL: the copy is synced too
+                self._connection = sqlite_connection(self._database)
             self._connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error as exc:  # the writer's backstop checkpoints meanwhile
             log.warning("WAL checkpoint failed: %s", exc)
