@@ -1,8 +1,9 @@
-"""The event writer's group commit: when a batch takes its events, and who gets which answer.
+"""The event writer's in-process group commit: when a batch takes its events, who gets which
+answer, and when the after-commit hook is called.
 
 The store here is a stand-in whose writes start and end only when the test says so, so that
-the order of arrivals, hand-overs and commits is exact (the real stores are tested in
-test_sqlite_lane.py and, through the app, in test_receiving.py)."""
+the order of arrivals, hand-overs and commits is exact (the real lanes are tested in
+test_process_lane.py and, through the app, in test_receiving.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store.batch_stores import BatchRows
 from receivers.store.engine import create_engine
+from receivers.store.group_commit import GroupCommit
 from receivers.store.records import (
     Arrival,
     Identity,
@@ -25,7 +26,8 @@ from receivers.store.records import (
     StoreUnavailable,
     identity,
 )
-from receivers.store.writer import EventWriter
+from receivers.store.rows import BatchRows
+from receivers.store.writer import EventWriter, Lane
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -54,13 +56,13 @@ class GatedStore:
         """Start the oldest handed-over write: the batch is built now."""
         build, future = self.handed.popleft()
         rows = build()
-        self.batches.append([row["dedup_key"] for row in rows[0]])
+        self.batches.append([row["dedup_key"] for row in rows.events])
         self.started.append((rows, future))
 
     async def commit_next(self) -> None:
         """Commit the oldest started write and let its callers run."""
-        (events, _), future = self.started.popleft()
-        future.set_result({identity(row): row["id"] for row in events})
+        rows, future = self.started.popleft()
+        future.set_result({identity(row): row["id"] for row in rows.events})
         await settle()
 
     async def fail_next(self, exc: Exception) -> None:
@@ -89,6 +91,11 @@ def arrival(key: str) -> Arrival:
     )
 
 
+def group_commit(store: GatedStore) -> Callable[..., Lane]:
+    """The writer's lane factory: group commit on ``store``."""
+    return lambda _engine, **options: GroupCommit(store, **options)
+
+
 def submit(writer: EventWriter, keys: str) -> list[asyncio.Future[Receipt]]:
     """Hand the writer one event per key (each a one-letter dedup key); their receipts."""
     return [asyncio.ensure_future(writer.store(arrival(key))) for key in keys]
@@ -104,7 +111,7 @@ async def engine() -> AsyncIterator[AsyncEngine]:
 @pytest.fixture
 async def gated(engine: AsyncEngine) -> AsyncIterator[tuple[EventWriter, GatedStore]]:
     store = GatedStore()
-    writer = EventWriter(engine, clock=lambda: NOW, open_store=lambda _: store)
+    writer = EventWriter(engine, clock=lambda: NOW, lane=group_commit(store))
     await writer.start()
     yield writer, store
     while store.handed or store.started:  # let stop() finish whatever is left
@@ -187,7 +194,7 @@ async def hooked_writer(
         engine,
         clock=lambda: NOW,
         after_commit=hook,
-        open_store=lambda _: store,
+        lane=group_commit(store),
         hook_delay=0,
         **options,
     )

@@ -12,13 +12,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import SourceConfig
 from receivers.store import queries
-from receivers.store.tables import ReceivedEvent, RejectedBody
-from receivers.store.writer import (
+from receivers.store.rows import (
     CONTENT_TYPE_LENGTH,
     PATH_LENGTH,
     REASON_LENGTH,
     REMOTE_ADDR_LENGTH,
 )
+from receivers.store.tables import ReceivedEvent, RejectedBody
 from relay.simulator import factories
 from tests.conftest import TOKEN, ClientFactory
 

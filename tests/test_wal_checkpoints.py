@@ -1,19 +1,18 @@
-"""WAL checkpoints: taken beside the writer's lane, not in its commits."""
+"""WAL checkpoints: taken beside the batch writer, not in its commits."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store.batch_stores import BatchRows, SqliteLane
+from receivers.store.rows import BatchRows
+from receivers.store.sqlite_batches import SqliteBatchWriter
 from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
-from tests.test_sqlite_lane import _in_lane, event_rows
+from tests.test_sqlite_batches import batch, event_rows
 
 ROW_BYTES = 8192
 
@@ -108,42 +107,34 @@ def test_a_failed_checkpoint_is_logged_and_the_next_one_tried_again(
         checkpoints.close()
 
 
-async def pragma(lane: SqliteLane, name: str) -> tuple[int]:
-    """A pragma's value on the lane's own connection (read in the lane's thread)."""
-    result: tuple[int] = await _in_lane(
-        lane, lambda lane: lane._connect().execute(f"PRAGMA {name}").fetchone()
-    )
-    return result
-
-
-def big_batch(name: str, count: int) -> Callable[[], BatchRows]:
+def big_batch(name: str, count: int) -> BatchRows:
     """``count`` new events of a little more than ROW_BYTES each."""
     rows = event_rows(*(f"{name}-{index}" for index in range(count)))
     for row in rows:
         row["raw_body"] = row["raw_body"] + b" " * ROW_BYTES
-    return lambda: (rows, [])
+    return batch(rows)
 
 
-async def test_the_lane_leaves_checkpoints_to_its_checkpointer(
+def test_the_batch_writer_leaves_checkpoints_to_its_checkpointer(
     sqlite_engine: AsyncEngine,
 ) -> None:
     database = Path(str(sqlite_engine.url.database))
     clock = StoppedClock()
     checkpoints = WalCheckpointer(str(database), interval=60, clock=clock)
-    lane = SqliteLane(str(database), sqlite_engine.dialect, checkpoints)
+    writer = SqliteBatchWriter(str(database), checkpoints)
     try:
-        await lane.write(big_batch("first", 1))  # the first commit starts a checkpoint at once
-        await asyncio.to_thread(checkpoints.wait)
+        writer.write(big_batch("first", 1))  # the first commit starts a checkpoint at once
+        checkpoints.wait()
         after_first = database.stat().st_size
 
         for number in range(20):  # 1,800+ pages: past SQLite's default threshold of 1,000
-            await lane.write(big_batch(f"batch-{number}", 30))
+            writer.write(big_batch(f"batch-{number}", 30))
         assert database.stat().st_size == after_first  # no commit copied the log back
-        assert await pragma(lane, "wal_autocheckpoint") == (BACKSTOP_PAGES,)
+        assert writer.connect().execute("PRAGMA wal_autocheckpoint").fetchone() == (BACKSTOP_PAGES,)
 
         clock.now += 60
-        await lane.write(big_batch("last", 1))
-        await asyncio.to_thread(checkpoints.wait)
+        writer.write(big_batch("last", 1))
+        checkpoints.wait()
         assert database.stat().st_size >= after_first + 20 * 30 * ROW_BYTES
     finally:
-        await lane.close()
+        writer.close()

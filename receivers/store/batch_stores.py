@@ -1,30 +1,21 @@
-"""How a batch reaches the database: the writer's own SQLite lane, or the SQLAlchemy engine."""
+"""How a batch of the in-process group commit reaches the database: the SQLAlchemy engine."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import sqlite3
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import bindparam, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.store.engine import sqlite_connection
-from receivers.store.records import IDENTITY_COLUMNS, Identity, Row, StoreUnavailable, identity
-from receivers.store.sqlite_rows import SQLITE_MAX_PARAMETERS, driver_values, insert_sql
+from receivers.store.records import IDENTITY_COLUMNS, Identity, StoreUnavailable, identity
+from receivers.store.rows import BatchRows
 from receivers.store.tables import ReceivedEvent, RejectedBody
-from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
 
 EVENTS = ReceivedEvent.__table__
-BatchRows = tuple[list[Row], list[Row]]
-"""A batch's event rows (one per identity) and quarantine rows."""
-STATEMENT_CACHE_SIZE = 1024  # multi-row inserts: one statement per batch size, two variants
 REJECTED = RejectedBody.__table__
 
 
@@ -47,15 +38,6 @@ class BatchStore(Protocol):
         ...
 
 
-def batch_store(engine: AsyncEngine) -> BatchStore:
-    """The writer's own lane for a SQLite file; the engine for any other database."""
-    url = engine.url
-    database = url.database
-    if url.get_backend_name() == "sqlite" and database and database != ":memory:" and not url.query:
-        return SqliteLane(database, engine.dialect)
-    return SqlAlchemyStore(engine)
-
-
 class SqlAlchemyStore:
     """One transaction per batch on the engine, with statements built once."""
 
@@ -71,7 +53,8 @@ class SqlAlchemyStore:
         return None
 
     async def _write(self, build: Callable[[], BatchRows]) -> dict[Identity, str]:
-        events, rejections = build()
+        rows = build()
+        events, rejections = rows.events, rows.rejections
         ids: dict[Identity, str] = {}
         if not events and not rejections:
             return ids
@@ -144,126 +127,3 @@ async def _count_copies(
         [{"event_id": ids[identity], "extra": n} for identity, n in counts.items()],
     )
     return ids
-
-
-class SqliteLane:
-    """The writer's own SQLite connection (with the engine's pragmas: WAL, synchronous=FULL),
-    used from a thread of its own, one batch after the other.
-
-    A batch costs that thread as few calls into SQLite as possible, since every call gives up the
-    GIL and then has to wait for it while the event loop is busy. The usual batch (new events,
-    no rejections) is one multi-row insert in autocommit mode: its own transaction, one call
-    where BEGIN, INSERT and COMMIT take three. When any of its rows conflicts, that statement
-    fails as a whole with nothing written, and the batch is written the general way: BEGIN, one
-    multi-row insert without RETURNING (its row count says whether any were stored already),
-    the copies counted, the rejections upserted, COMMIT.
-
-    Two slots: while one batch is written, the next waits in the thread's queue, and is built
-    there when its turn comes, from every event that arrived in the meantime.
-
-    Commits leave the WAL checkpoints to a :class:`WalCheckpointer` (only past
-    :data:`BACKSTOP_PAGES` does a commit checkpoint itself)."""
-
-    slots = 2
-
-    def __init__(
-        self, database: str, dialect: Dialect, checkpoints: WalCheckpointer | None = None
-    ) -> None:
-        self._database = database
-        self._event_values = driver_values(EVENTS, EVENTS.c.keys(), dialect)
-        self._rejected_values = driver_values(REJECTED, REJECTED.c.keys(), dialect)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-writer")
-        self._connection: sqlite3.Connection | None = None
-        self._checkpoints = checkpoints or WalCheckpointer(database)
-
-    def write(self, build: Callable[[], BatchRows]) -> Awaitable[dict[Identity, str]]:
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._thread, self._write, build)
-
-    async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._release)
-        self._thread.shutdown()
-
-    def _write(self, build: Callable[[], BatchRows]) -> dict[Identity, str]:
-        events, rejections = build()
-        if not events and not rejections:
-            return {}
-        conn = self._connect()
-        try:
-            if not rejections and self._insert_alone(conn, events):
-                ids = {identity(row): row["id"] for row in events}
-            else:
-                conn.execute("BEGIN")
-                ids = self._insert_events(conn, events)
-                if rejections:
-                    values = [self._rejected_values([row]) for row in rejections]
-                    conn.executemany(_UPSERT_REJECTED, values)
-                conn.commit()
-        except BaseException as exc:
-            if isinstance(exc, sqlite3.OperationalError):
-                self._disconnect()  # rolls back; the next batch starts afresh
-            elif conn.in_transaction:
-                conn.rollback()
-            raise
-        self._checkpoints.committed()
-        return ids
-
-    def _insert_alone(self, conn: sqlite3.Connection, events: list[Row]) -> bool:
-        """Insert the events in one autocommitted statement; False, with nothing written, when
-        there are none, too many for one statement, or any of them conflicts."""
-        if not events or len(events) > _EVENTS_PER_STATEMENT:
-            return False
-        try:
-            conn.execute(
-                insert_sql(EVENTS.name, _COLUMNS, (), len(events)), self._event_values(events)
-            )
-        except sqlite3.IntegrityError:
-            return False
-        return True
-
-    def _insert_events(self, conn: sqlite3.Connection, events: list[Row]) -> dict[Identity, str]:
-        ids = {identity(row): row["id"] for row in events}
-        columns, chunk = _COLUMNS, _EVENTS_PER_STATEMENT
-        inserted = 0
-        for start in range(0, len(events), chunk):
-            part = events[start : start + chunk]
-            sql = insert_sql(EVENTS.name, columns, IDENTITY_COLUMNS, len(part))
-            inserted += conn.execute(sql, self._event_values(part)).rowcount
-        if inserted < len(events):
-            for row in events:
-                found = conn.execute(_FIND_EVENT, identity(row)).fetchone()
-                if found is None:
-                    raise RuntimeError("a conflicting event vanished")
-                if found[0] != row["id"]:
-                    ids[identity(row)] = found[0]
-                    conn.execute(_COUNT_COPIES, (row["duplicates"] + 1, found[0]))
-        return ids
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._connection is None:
-            conn = sqlite_connection(self._database, cached_statements=STATEMENT_CACHE_SIZE)
-            conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
-            self._connection = conn
-        return self._connection
-
-    def _release(self) -> None:
-        self._disconnect()
-        self._checkpoints.close()
-
-    def _disconnect(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-
-_COLUMNS = tuple(EVENTS.c.keys())
-_EVENTS_PER_STATEMENT = SQLITE_MAX_PARAMETERS // len(_COLUMNS)
-_FIND_EVENT = f"SELECT id FROM {EVENTS.name} WHERE " + " AND ".join(
-    f"{name} = ?" for name in IDENTITY_COLUMNS
-)
-_COUNT_COPIES = f"UPDATE {EVENTS.name} SET duplicates = duplicates + ? WHERE id = ?"
-_UPSERT_REJECTED = (
-    f"INSERT INTO {REJECTED.name} ({', '.join(REJECTED.c.keys())}) "
-    f"VALUES ({', '.join('?' * len(REJECTED.c))}) ON CONFLICT (body_hash) DO UPDATE SET "
-    "count = count + excluded.count, last_seen_at = excluded.last_seen_at"
-)

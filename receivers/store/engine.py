@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from receivers.store.sqlite_files import CONNECT_TIMEOUT_SECONDS, apply_pragmas
+
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
-CONNECT_TIMEOUT_SECONDS = 5
 
 
 def async_database_url(url: str) -> str:
@@ -41,20 +41,15 @@ def create_engine(url: str, **options: Any) -> AsyncEngine:
     return create_async_engine(full_url, **options)
 
 
-def sqlite_connection(database: str, **options: Any) -> sqlite3.Connection:
-    """A plain ``sqlite3`` connection in autocommit mode (transactions are begun explicitly)
-    with the engine's pragmas: WAL, ``synchronous=FULL``, the busy timeout."""
-    conn = sqlite3.connect(
-        database, timeout=CONNECT_TIMEOUT_SECONDS, isolation_level=None, **options
-    )
-    _sqlite_pragmas(conn, None)
-    return conn
+def sqlite_file(engine: AsyncEngine) -> str | None:
+    """The path of the engine's SQLite file; None for any other database (or an in-memory or
+    URI-configured SQLite, which only the engine itself can open alike)."""
+    url = engine.url
+    database = url.database
+    if url.get_backend_name() == "sqlite" and database and database != ":memory:" and not url.query:
+        return database
+    return None
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute(f"PRAGMA busy_timeout={CONNECT_TIMEOUT_SECONDS * 1000}")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
+    apply_pragmas(dbapi_connection)

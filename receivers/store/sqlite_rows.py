@@ -1,22 +1,19 @@
-"""Multi-row SQLite inserts: one statement, one call into the driver, per chunk of rows."""
+"""Multi-row SQLite inserts on a SQLAlchemy connection (the relay's routing writes): one
+statement, one call into the driver, per chunk of rows."""
 
 from __future__ import annotations
 
-import functools
-import json
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pydantic_core import PydanticSerializationError, to_json
 from sqlalchemy import JSON, LargeBinary, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import TypeEngine
 
 from receivers.store.records import Row
-
-SQLITE_MAX_PARAMETERS = 32766  # SQLite's default host-parameter limit (3.32+)
+from receivers.store.sqlite_batches import SQLITE_MAX_PARAMETERS, insert_sql, json_text
 
 
 async def sqlite_insert_many(
@@ -42,15 +39,6 @@ async def sqlite_insert_many(
         sql = insert_sql(table.name, names, tuple(conflict), len(part))
         inserted += (await driver.execute(sql, values(part))).rowcount
     return inserted
-
-
-@functools.lru_cache(maxsize=1024)
-def insert_sql(table: str, columns: tuple[str, ...], conflict: tuple[str, ...], count: int) -> str:
-    """``INSERT ... VALUES (...), (...) ON CONFLICT (...) DO NOTHING`` for ``count`` rows; with
-    no ``conflict`` columns, a plain insert (which fails as a whole on any conflict)."""
-    values = "(" + ", ".join("?" * len(columns)) + ")"
-    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([values] * count)}"
-    return f"{sql} ON CONFLICT ({', '.join(conflict)}) DO NOTHING" if conflict else sql
 
 
 def driver_values(
@@ -80,16 +68,6 @@ def driver_values(
         return flat
 
     return values
-
-
-def json_text(value: Any) -> str:
-    """A JSON column's text: pydantic-core's encoder (a few times faster than ``json.dumps``,
-    compact, UTF-8, NaN and Infinity as ``json.dumps`` writes them), or ``json.dumps`` for what
-    it cannot encode (lone surrogates). Both read back as the same value."""
-    try:
-        return to_json(value).decode()
-    except PydanticSerializationError:
-        return json.dumps(value)
 
 
 def _bind_processor(column_type: TypeEngine[Any], dialect: Dialect) -> Callable[[Any], Any] | None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from receivers.store.engine import sqlite_connection
+from receivers.store.sqlite_files import sqlite_connection
 
 log = logging.getLogger(__name__)
 

@@ -1,23 +1,17 @@
-"""Group commit: concurrent requests share one transaction, so durable commits stay cheap.
+"""The event writer: every accepted callback durably stored before it is answered, many per
+commit, and the newly stored ones handed to the after-commit hook.
 
-Requests hand their event to :class:`EventWriter` and wait. Events are written in batches, one
-transaction and one commit each, and every waiter is woken once its batch is committed. A batch
-is handed to the store as soon as the store has room for it (an event arriving while nothing is
-being written goes at once), but it takes its events from the queue only when the store starts
-writing it: on SQLite the next batch waits behind the one being written and then takes everything
-that arrived meanwhile. (Taken at hand-off, that next batch often held only the one or two
-events that came first, and cost a commit of its own.) A duplicate (same source, kind and dedup
-key) is never inserted twice, also when copies arrive in the same batch or in another process:
-the unique constraint decides and the loser is counted on the stored row.
+Requests hand their item to :class:`EventWriter` and wait. The writer's lane writes them in
+batches, one transaction and one commit each, and wakes every waiter once its batch is committed
+(group commit: durable commits stay cheap however many requests come at once). A duplicate (same
+source, kind and dedup key) is never inserted twice, also when copies arrive in the same batch or
+in another process: the unique constraint decides and the copy is counted on the stored row. The
+lane depends on the database (:func:`open_lane`):
 
-How a batch reaches the database depends on the backend (see
-:func:`~receivers.store.batch_stores.batch_store`):
-
-* a SQLite file: ``SqliteLane``, the writer's own connection in a thread of its own. A batch
-  is one hand-off to that thread and one multi-row statement, and the next batch may queue
-  behind it, so the event loop never waits for the disk;
-* any other database: ``SqlAlchemyStore``, one transaction per batch on the engine, with
-  statements built once (so SQLAlchemy compiles each of them once, not once per batch).
+* a SQLite file: :class:`~receivers.store.process_lane.ProcessLane`, a process of its own that
+  writes the batches, so that the event loop never waits for the disk nor a writer for the GIL;
+* any other database: :class:`~receivers.store.group_commit.GroupCommit`, batches written by
+  this process on the engine.
 
 The after-commit hook gets the new events after their callers were woken, in commit order, one
 call at a time, beside the writer: with ``hook_batch`` events, or with fewer once the oldest has
@@ -29,35 +23,30 @@ is a write transaction of its own, competing for the one write lock), prompt one
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import sqlite3
-from collections import deque
+import os
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.ids import new_ids
-from receivers.store.batch_stores import BatchRows, BatchStore, batch_store
+from receivers.store.batch_stores import SqlAlchemyStore
+from receivers.store.engine import sqlite_file
+from receivers.store.group_commit import GroupCommit
+from receivers.store.process_lane import ProcessLane
 from receivers.store.records import (
     AfterCommit,
     Arrival,
-    Identity,
     Receipt,
     Rejection,
-    Row,
     StoredEvent,
     StoreUnavailable,
-    body_hash,
 )
+from receivers.store.rows import Item
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 256
 HOOK_BATCH = 4096
 """A hook call is made at once when this many events wait for it."""
 HOOK_DELAY_SECONDS = 0.05
@@ -68,39 +57,36 @@ HOOK_INTERVAL_SECONDS = 0.2
 it: each call is a transaction of its own, and on SQLite every one of them makes the writer wait
 for the lock (calls every 0.2 s instead of every 0.05 s: 2-3 % more events/s, measured with
 scripts/bench_ingest.py)."""
-CONTENT_TYPE_LENGTH = 255
-"""The longest Content-Type kept (the column's width; a longer header is cut)."""
-REMOTE_ADDR_LENGTH = 64
-"""The longest caller address kept (an IPv6 address with a long zone id is cut)."""
-PATH_LENGTH = 255
-"""The longest request path kept with a quarantined body."""
-REASON_LENGTH = 1000
-"""The longest refusal reason kept with a quarantined body (it may name many fields)."""
 
 Clock = Callable[[], datetime]
+OnStored = Callable[[list[StoredEvent]], None]
 
 
-@dataclass(slots=True)
-class _Pending:
-    item: Arrival | Rejection
-    future: asyncio.Future[Any]
+class Lane(Protocol):
+    """What writes the items: its futures answer a :class:`Receipt` for an event, None for a
+    rejected body, or fail with :class:`StoreUnavailable`."""
+
+    async def start(self) -> None: ...
+
+    def submit(self, item: Item) -> asyncio.Future[Any]: ...
+
+    async def close(self) -> None:
+        """Write what was handed over, then release what the lane holds."""
+        ...
 
 
-@dataclass
-class _Batch:
-    """A batch handed to the store: who waits for it and its event rows, both filled in when the
-    store starts writing it (:meth:`EventWriter._fill`)."""
-
-    items: list[_Pending] = field(default_factory=list)
-    copies: dict[Identity, list[_Pending]] = field(default_factory=dict)
-    rows: list[Row] = field(default_factory=list)
-    taken: bool = False
-    """Whether it has taken its items (set where it is built)."""
+def open_lane(engine: AsyncEngine, *, clock: Clock, on_stored: OnStored) -> Lane:
+    """A process of its own for a SQLite file (on POSIX systems, where it can take a socket as
+    its input); group commit on the engine otherwise."""
+    database = sqlite_file(engine)
+    if database is not None and os.name == "posix":
+        return ProcessLane(database, clock=clock, on_stored=on_stored)
+    return GroupCommit(SqlAlchemyStore(engine), clock=clock, on_stored=on_stored)
 
 
 class EventWriter:
-    """The writer of one process; see the module docstring. ``open_store`` picks what writes
-    the batches (:func:`~receivers.store.batch_stores.batch_store` by default)."""
+    """The writer of one process; see the module docstring. ``lane`` picks what writes the
+    items (:func:`open_lane` by default)."""
 
     def __init__(
         self,
@@ -108,27 +94,22 @@ class EventWriter:
         *,
         clock: Clock,
         after_commit: AfterCommit | None = None,
-        max_batch: int = MAX_BATCH,
         hook_batch: int = HOOK_BATCH,
         hook_delay: float = HOOK_DELAY_SECONDS,
         hook_busy_events: int = HOOK_BUSY_EVENTS,
         hook_interval: float = HOOK_INTERVAL_SECONDS,
-        open_store: Callable[[AsyncEngine], BatchStore] = batch_store,
+        lane: Callable[..., Lane] = open_lane,
     ) -> None:
         self._engine = engine
-        self._open_store = open_store
+        self._open_lane = lane
         self._clock = clock
         self._after_commit = after_commit
-        self._max_batch = max_batch
         self._hook_batch = hook_batch
         self._hook_delay = hook_delay
         self._hook_busy_events = hook_busy_events
         self._hook_interval = hook_interval
-        self._store: BatchStore | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: deque[_Pending] = deque()
-        self._writing = 0
-        self._latest: _Batch | None = None
+        self._lane: Lane | None = None
+        self._stopping = False
         self._unhooked: list[StoredEvent] = []
         self._hooking = False
         self._hook_timer: asyncio.TimerHandle | None = None
@@ -137,22 +118,22 @@ class EventWriter:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """Open the store (in the event loop that will use it)."""
-        self._loop = asyncio.get_running_loop()
-        self._store = self._open_store(self._engine)
+        """Open the lane (in the event loop that will use it)."""
+        lane = self._open_lane(self._engine, clock=self._clock, on_stored=self._stored)
+        await lane.start()
+        self._lane = lane
 
     async def stop(self) -> None:
-        """Write what is queued, give the hook what it has not had, then close the store."""
-        store, self._store = self._store, None
-        if store is None:
+        """Write what is queued, give the hook what it has not had, then close the lane."""
+        lane, self._lane = self._lane, None
+        if lane is None:
             return
-        self._pump(store)
+        self._stopping = True
+        await lane.close()
         self._schedule_hook()
         while self._tasks:
             await asyncio.wait(set(self._tasks))
-            self._pump(store)
             self._schedule_hook()
-        await store.close()
 
     def store(self, arrival: Arrival) -> Awaitable[Receipt]:
         """Store an event (or count a duplicate); the answer comes once it is committed."""
@@ -162,116 +143,22 @@ class EventWriter:
         """Keep a rejected body (deduplicated by body hash); returns once committed."""
         await self._submit(rejection)
 
-    def _submit(self, item: Arrival | Rejection) -> asyncio.Future[Any]:
-        if self._store is None or self._loop is None:
+    def _submit(self, item: Item) -> asyncio.Future[Any]:
+        if self._lane is None:
             raise StoreUnavailable("the event writer is not running")
-        future = self._loop.create_future()  # asyncio.get_running_loop() costs a getpid()
-        self._queue.append(_Pending(item, future))
-        self._pump(self._store)
-        return future
+        return self._lane.submit(item)
 
-    def _pump(self, store: BatchStore) -> None:
-        """Hand the store a batch while it has room and events are queued, one batch at a time
-        that has not yet taken its events (it will take every event queued by then)."""
-        while (
-            self._queue
-            and self._writing < store.slots
-            and (self._latest is None or self._latest.taken)
-        ):
-            batch = self._latest = _Batch()
-            self._writing += 1
-            written = store.write(functools.partial(self._fill, batch, None))
-            self._spawn(self._finish(store, batch, written))
-
-    def _fill(self, batch: _Batch, items: list[_Pending] | None) -> BatchRows:
-        """Give ``batch`` its items (see :meth:`_take`) and build its rows. Runs where the store
-        starts the write (on SQLite, in the lane's thread)."""
-        self._take(batch, items)  # first: should building fail, the callers still get an answer
-        now = self._clock()
-        rejected: dict[str, tuple[Rejection, int]] = {}
-        for pending in batch.items:
-            item = pending.item
-            if isinstance(item, Arrival):
-                batch.copies.setdefault(item.identity, []).append(pending)
-            else:
-                digest = body_hash(item.raw_body)
-                seen = rejected.get(digest)
-                rejected[digest] = (seen[0], seen[1] + 1) if seen else (item, 1)
-        copies, ids = batch.copies, new_ids(now, len(batch.copies) + len(rejected))
-        batch.rows = [
-            _event_row(same, i, now) for same, i in zip(copies.values(), ids, strict=False)
-        ]
-        quarantine = [
-            _rejection_row(item, d, n, i, now)
-            for (d, (item, n)), i in zip(rejected.items(), ids[len(copies) :], strict=True)
-        ]
-        return batch.rows, quarantine
-
-    def _take(self, batch: _Batch, items: list[_Pending] | None = None) -> None:
-        """Give ``batch`` its items: the given ones, else the queue's first ``max_batch``."""
-        if items is None:
-            items = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
-        batch.items = items
-        batch.taken = True
-
-    async def _finish(
-        self, store: BatchStore, batch: _Batch, written: Awaitable[dict[Identity, str]]
-    ) -> None:
-        """Wait for a batch, wake its callers, keep its new events for the hook."""
-        try:
-            stored = await self._settle(store, batch, written)
-        finally:
-            self._writing -= 1
-            self._pump(store)
-        if stored and self._after_commit is not None:
-            self._unhooked += stored
+    def _stored(self, events: list[StoredEvent]) -> None:
+        """The lane committed new events: keep them for the hook."""
+        if self._after_commit is not None:
+            self._unhooked += events
             self._schedule_hook()
-
-    async def _settle(
-        self, store: BatchStore, batch: _Batch, written: Awaitable[dict[Identity, str]]
-    ) -> list[StoredEvent]:
-        """Settle a batch's futures; returns its newly stored events."""
-        try:
-            ids = await written
-        except Exception as exc:
-            if not batch.taken:  # the store failed before building it: its callers fail too
-                self._take(batch)
-            if len(batch.items) > 1 and not _is_connection_error(exc):
-                log.warning(
-                    "batch write failed (%s); writing its items one by one", type(exc).__name__
-                )
-                stored: list[StoredEvent] = []
-                for pending in batch.items:
-                    alone = _Batch()
-                    written = store.write(functools.partial(self._fill, alone, [pending]))
-                    stored += await self._settle(store, alone, written)
-                return stored
-            log.error("store unavailable: %s", type(exc).__name__, exc_info=exc)
-            for pending in batch.items:
-                if not pending.future.done():
-                    pending.future.set_exception(StoreUnavailable(str(type(exc).__name__)))
-            return []
-        stored = []
-        for row, (identity, same) in zip(batch.rows, batch.copies.items(), strict=True):
-            event_id = ids[identity]
-            new = event_id == row["id"]
-            if new:
-                source, kind, _ = identity
-                received_at = row["received_at"]
-                stored.append(StoredEvent(event_id, source, kind, received_at, row["payload"]))
-            for index, pending in enumerate(same):
-                if not pending.future.done():
-                    pending.future.set_result(Receipt(event_id, duplicate=index > 0 or not new))
-        for pending in batch.items:
-            if not pending.future.done():
-                pending.future.set_result(None)  # quarantined
-        return stored
 
     def _schedule_hook(self) -> None:
         """Call the hook now when enough events wait for it (or the writer stops), else soon."""
         if self._hooking or not self._unhooked:
             return
-        if len(self._unhooked) >= self._hook_batch or self._store is None:
+        if len(self._unhooked) >= self._hook_batch or self._stopping:
             self._call_hook()
         elif self._hook_timer is None:
             loop = asyncio.get_running_loop()
@@ -310,61 +197,3 @@ class EventWriter:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _event_row(copies: list[_Pending], event_id: str, now: datetime) -> Row:
-    """The row of an event that arrived ``len(copies)`` times in one batch."""
-    first = copies[0].item
-    assert isinstance(first, Arrival)
-    return {
-        "id": event_id,
-        "source": first.source,
-        "kind": first.kind,
-        "dedup_key": first.dedup_key,
-        "received_at": now,
-        "payload": first.payload,
-        "raw_body": first.raw_body,
-        "content_type": _clip(first.content_type, CONTENT_TYPE_LENGTH),
-        "method": first.method,
-        "remote_addr": _clip(first.remote_addr, REMOTE_ADDR_LENGTH),
-        "duplicates": len(copies) - 1,
-    }
-
-
-def _rejection_row(item: Rejection, digest: str, count: int, row_id: str, now: datetime) -> Row:
-    """The quarantine row of a body that was rejected ``count`` times in one batch."""
-    return {
-        "id": row_id,
-        "source": item.source,
-        "path": item.path[:PATH_LENGTH],
-        "kind": item.kind,
-        "status": item.status,
-        "reason": item.reason[:REASON_LENGTH],
-        "errors": item.errors,
-        "body_hash": digest,
-        "raw_body": item.raw_body,
-        "content_type": _clip(item.content_type, CONTENT_TYPE_LENGTH),
-        "remote_addr": _clip(item.remote_addr, REMOTE_ADDR_LENGTH),
-        "received_at": now,
-        "last_seen_at": now,
-        "count": count,
-    }
-
-
-def _clip(text: str | None, length: int) -> str | None:
-    """``text`` cut to a column's width (PostgreSQL refuses longer text; SQLite would keep it)."""
-    return text[:length] if text is not None else None
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    if isinstance(
-        exc,
-        OperationalError
-        | InterfaceError
-        | sqlite3.OperationalError
-        | OSError
-        | ConnectionError
-        | TimeoutError,
-    ):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated

@@ -1,0 +1,235 @@
+"""The writer process of a SQLite store and the lane to it: what goes over the socket, how the
+process batches and answers, and what the callers get when it is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers.store import process_lane
+from receivers.store.lane_wire import FrameReader, frame, item_of, record_of
+from receivers.store.process_lane import ProcessLane
+from receivers.store.records import Arrival, Receipt, Rejection, StoredEvent, StoreUnavailable
+from receivers.store.sqlite_batches import SqliteBatchWriter
+from receivers.store.tables import ReceivedEvent, RejectedBody
+from receivers.store.writer_process import Inbox, write_batch
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+EVENTS = ReceivedEvent.__table__
+
+
+def arrival(key: str, **changes: Any) -> Arrival:
+    fields: dict[str, Any] = {
+        "source": "default",
+        "kind": "sms.inbound",
+        "dedup_key": key,
+        "payload": {"requestId": key, "text": "héllo \ud800", "n": [1, 2.5, None, True]},
+        "raw_body": b'{"requestId": "%s"}' % key.encode(),
+        "content_type": "application/json",
+        "method": "POST",
+        "remote_addr": "127.0.0.1",
+    }
+    return Arrival(**(fields | changes))
+
+
+def rejection(body: bytes) -> Rejection:
+    return Rejection(
+        source="default",
+        path="/hooks/sms/inbound",
+        kind=None,
+        status=400,
+        reason="The body is not JSON.",
+        errors=[],
+        raw_body=body,
+        content_type=None,
+        remote_addr="10.0.0.1",
+    )
+
+
+# --- the wire ----------------------------------------------------------------------------------
+
+
+def test_items_cross_the_wire_unchanged() -> None:
+    items = [arrival("a"), arrival("b", content_type=None, remote_addr=None), rejection(b"\x00x")]
+    data = frame((NOW.isoformat(), [record_of(item) for item in items]))
+    reader = FrameReader()
+    values = [value for byte in range(len(data)) for value in reader.feed(data[byte : byte + 1])]
+    assert len(values) == 1 and reader.pending == 0
+    sent_at, records = values[0]
+    assert sent_at == NOW.isoformat()
+    assert [item_of(record) for record in records] == items
+
+
+def test_the_inbox_takes_everything_that_has_arrived_up_to_its_limit() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        inbox = Inbox(theirs)
+        early, late = NOW.isoformat(), (NOW + timedelta(seconds=1)).isoformat()
+        first = frame((early, [record_of(arrival(key)) for key in "abc"]))
+        second = frame((late, [record_of(arrival(key)) for key in "de"]))
+        ours.sendall(first + second[:5])  # the second frame is incomplete for now
+        sent_at, items = inbox.take(limit=10)
+        assert sent_at == early and [item.dedup_key for item in items] == ["a", "b", "c"]
+
+        ours.sendall(second[5:])
+        sent_at, items = inbox.take(limit=1)
+        assert sent_at == late and [item.dedup_key for item in items] == ["d"]
+        ours.close()
+        assert [item.dedup_key for item in inbox.take(limit=10)[1]] == ["e"]
+        assert inbox.take(limit=10)[1] == [] and inbox.closed
+
+
+# --- the process's batches -------------------------------------------------------------------
+
+
+@pytest.fixture
+def batches(sqlite_engine: AsyncEngine) -> Iterator[SqliteBatchWriter]:
+    writer = SqliteBatchWriter(str(sqlite_engine.url.database))
+    yield writer
+    writer.close()
+
+
+def test_a_batch_answers_each_item_in_order(batches: SqliteBatchWriter) -> None:
+    [(stored_id, duplicate)] = write_batch(batches, [arrival("old")], NOW)  # type: ignore[misc]
+    assert not duplicate
+
+    answers = write_batch(
+        batches, [arrival("a"), rejection(b"x"), arrival("old"), arrival("a"), arrival("b")], NOW
+    )
+    a, quarantined, old, a_again, b = answers
+    assert quarantined is None
+    assert isinstance(a, tuple) and isinstance(b, tuple) and a[0] != b[0]
+    assert a == (a[0], False) and a_again == (a[0], True) and b == (b[0], False)
+    assert old == (stored_id, True)
+
+
+def test_an_item_that_cannot_be_written_fails_alone(batches: SqliteBatchWriter) -> None:
+    unencodable = arrival("bad", payload={"what": object()})
+    answers = write_batch(batches, [arrival("a"), unencodable, arrival("b")], NOW)
+    assert answers[1] == "TypeError"
+    assert isinstance(answers[0], tuple) and isinstance(answers[2], tuple)
+
+
+def test_an_unavailable_database_fails_the_whole_batch(tmp_path: Path) -> None:
+    writer = SqliteBatchWriter(str(tmp_path / "missing" / "relay.db"))
+    try:
+        answers = write_batch(writer, [arrival("a"), rejection(b"x")], NOW)
+    finally:
+        writer.close()
+    assert answers == ["OperationalError", "OperationalError"]
+
+
+def test_the_process_writes_answers_and_ends_with_its_input(sqlite_engine: AsyncEngine) -> None:
+    database = str(sqlite_engine.url.database)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "receivers.store.writer_process", database],
+            stdin=theirs,
+            env=process_lane._child_environment(),
+        )
+        ours.sendall(frame((NOW.isoformat(), [record_of(arrival("a")), record_of(arrival("a"))])))
+        reader = FrameReader()
+        while not (answers := reader.feed(ours.recv(65536))):
+            pass
+        ours.shutdown(socket.SHUT_WR)  # as when the server stops or dies
+        assert process.wait(timeout=30) == 0
+    [(received_at, [(event_id, first_duplicate), (same_id, second_duplicate)])] = answers
+    assert received_at == NOW.isoformat()
+    assert event_id == same_id and (first_duplicate, second_duplicate) == (False, True)
+
+
+# --- the lane ----------------------------------------------------------------------------------
+
+
+class Stored(list[StoredEvent]):
+    def __call__(self, events: list[StoredEvent]) -> None:
+        self.extend(events)
+
+
+@pytest.fixture
+async def lane(sqlite_engine: AsyncEngine) -> AsyncIterator[tuple[ProcessLane, Stored]]:
+    stored = Stored()
+    lane = ProcessLane(str(sqlite_engine.url.database), clock=lambda: NOW, on_stored=stored)
+    await lane.start()
+    yield lane, stored
+    await lane.close()
+
+
+async def test_the_lane_stores_at_its_clock_and_reports_new_events(
+    lane: tuple[ProcessLane, Stored], sqlite_engine: AsyncEngine
+) -> None:
+    writer, stored = lane
+    futures = [writer.submit(item) for item in [arrival("a"), arrival("a"), rejection(b"no")]]
+    first, copy, quarantined = await asyncio.gather(*futures)
+
+    assert isinstance(first, Receipt) and not first.duplicate
+    assert copy == Receipt(first.event_id, duplicate=True) and quarantined is None
+    assert [(event.id, event.received_at, event.payload) for event in stored] == [
+        (first.event_id, NOW, arrival("a").payload)
+    ]
+    async with sqlite_engine.connect() as conn:
+        row = (await conn.execute(select(EVENTS))).mappings().one()
+        rejected = (await conn.execute(select(RejectedBody.__table__))).mappings().one()
+    assert (row["id"], row["received_at"], row["duplicates"]) == (first.event_id, NOW, 1)
+    assert row["payload"] == arrival("a").payload and row["raw_body"] == arrival("a").raw_body
+    assert rejected["raw_body"] == b"no" and rejected["remote_addr"] == "10.0.0.1"
+
+
+async def test_closing_writes_everything_handed_over(sqlite_engine: AsyncEngine) -> None:
+    stored = Stored()
+    writer = ProcessLane(str(sqlite_engine.url.database), clock=lambda: NOW, on_stored=stored)
+    await writer.start()
+    futures = [writer.submit(arrival(f"k{index}")) for index in range(500)]
+    await writer.close()
+
+    assert all(future.done() and not future.exception() for future in futures)
+    assert len(stored) == 500 and not writer.running
+    with pytest.raises(StoreUnavailable):
+        writer.submit(arrival("late"))
+
+
+async def test_a_dead_process_fails_its_callers_and_another_one_takes_over(
+    lane: tuple[ProcessLane, Stored],
+    sqlite_engine: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(process_lane, "RESTART_DELAY_SECONDS", 0.05)
+    writer, _ = lane
+    assert isinstance(await writer.submit(arrival("before")), Receipt)  # the process is up
+
+    blocker = sqlite3.connect(str(sqlite_engine.url.database), isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # holds the write lock: the next batch waits for it
+    try:
+        waiting = writer.submit(arrival("lost"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        process = writer._process
+        assert process is not None
+        os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(StoreUnavailable):
+            await waiting
+        with pytest.raises(StoreUnavailable):
+            writer.submit(arrival("while down"))
+    finally:
+        blocker.rollback()
+        blocker.close()
+
+    async with asyncio.timeout(30):
+        while not writer.running:
+            await asyncio.sleep(0.02)
+    again = await writer.submit(arrival("after"))
+    assert isinstance(again, Receipt) and not again.duplicate
