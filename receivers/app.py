@@ -85,17 +85,13 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        if not writer.available:
+            return _not_ready("The event writer is not running.")
         try:
             await asyncio.wait_for(_ping(engine), READY_TIMEOUT_SECONDS)
         except Exception as exc:
             log.warning("readiness check failed: %s", type(exc).__name__)
-            return Problem(
-                503,
-                "store-unavailable",
-                "Service Unavailable",
-                "The database is not reachable.",
-                headers={"Retry-After": "5"},
-            ).response()
+            return _not_ready("The database is not reachable.")
         return JSONResponse({"status": "ready"})
 
     document = openapi_document(config)
@@ -122,6 +118,12 @@ def create_app(
     app.state.counters = counters
     app.state.writer = writer
     return app
+
+
+def _not_ready(detail: str) -> Response:
+    return Problem(
+        503, "store-unavailable", "Service Unavailable", detail, headers={"Retry-After": "5"}
+    ).response()
 
 
 async def _ping(engine: AsyncEngine) -> None:

@@ -26,6 +26,8 @@ from receivers.store.records import Arrival, Receipt, Rejection, StoredEvent, St
 from receivers.store.sqlite_batches import SqliteBatchWriter
 from receivers.store.tables import ReceivedEvent, RejectedBody
 from receivers.store.writer_process import Inbox, write_batch
+from relay.simulator import factories
+from tests.conftest import TOKEN, running_client
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 EVENTS = ReceivedEvent.__table__
@@ -233,3 +235,31 @@ async def test_a_dead_process_fails_its_callers_and_another_one_takes_over(
             await asyncio.sleep(0.02)
     again = await writer.submit(arrival("after"))
     assert isinstance(again, Receipt) and not again.duplicate
+
+
+async def test_the_server_is_not_ready_while_its_writer_process_is_restarted(
+    sqlite_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(process_lane, "RESTART_DELAY_SECONDS", 0.3)
+    url, body = f"/hooks/sms/inbound?token={TOKEN}", factories.sms_inbound()
+    async with running_client(sqlite_engine) as client:
+        assert (await client.get("/readyz")).status_code == 200
+        lane = client.app.state.writer._lane  # type: ignore[attr-defined]
+        assert isinstance(lane, ProcessLane) and lane._process is not None
+        os.kill(lane._process.pid, signal.SIGKILL)
+        async with asyncio.timeout(30):
+            while lane.running:
+                await asyncio.sleep(0.01)
+
+        down = await client.get("/readyz")
+        callback = await client.post(url, json=body)
+        for answer in (down, callback):
+            assert answer.status_code == 503
+            assert answer.headers["content-type"] == "application/problem+json"
+            assert answer.headers["retry-after"] == "5"
+
+        async with asyncio.timeout(30):
+            while not lane.running:
+                await asyncio.sleep(0.02)
+        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.post(url, json=body)).status_code == 200

@@ -77,6 +77,11 @@ class GroupCommit:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
 
+    @property
+    def available(self) -> bool:
+        """Whether items are taken (the engine's own availability shows only when writing)."""
+        return self._loop is not None and not self._closing
+
     def submit(self, item: Item) -> asyncio.Future[Any]:
         """Queue ``item``; the future gets its :class:`Receipt` (None for a rejected body)."""
         if self._loop is None or self._closing:

@@ -93,6 +93,11 @@ class ProcessLane:
         """Whether the writer process is up."""
         return self._transport is not None
 
+    @property
+    def available(self) -> bool:
+        """Whether items handed over now can be written: the process is up, the lane open."""
+        return self.running and not self._closing
+
     # --- the process ---------------------------------------------------------------------------
 
     async def _spawn(self) -> None:
@@ -126,7 +131,7 @@ class ProcessLane:
             process.kill()
             status = await asyncio.to_thread(process.wait)
         if status != 0 and not self._closing:
-            log.error("the event writer process ended with status %s", status)
+            log.warning("the event writer process exited with status %s", status)
 
     def _connected(self, transport: asyncio.Transport) -> None:
         self._transport = transport

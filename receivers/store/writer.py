@@ -70,6 +70,11 @@ class Lane(Protocol):
 
     def submit(self, item: Item) -> asyncio.Future[Any]: ...
 
+    @property
+    def available(self) -> bool:
+        """Whether items handed over now can be written."""
+        ...
+
     async def close(self) -> None:
         """Write what was handed over, then release what the lane holds."""
         ...
@@ -134,6 +139,12 @@ class EventWriter:
         while self._tasks:
             await asyncio.wait(set(self._tasks))
             self._schedule_hook()
+
+    @property
+    def available(self) -> bool:
+        """Whether callbacks can be stored right now (False while the writer's process of a
+        SQLite store is being restarted, or before start and after stop)."""
+        return self._lane is not None and self._lane.available
 
     def store(self, arrival: Arrival) -> Awaitable[Receipt]:
         """Store an event (or count a duplicate); the answer comes once it is committed."""
