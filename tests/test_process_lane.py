@@ -223,7 +223,8 @@ async def test_a_dead_process_fails_its_callers_and_another_one_takes_over(
         assert process is not None
         os.kill(process.pid, signal.SIGKILL)
         with pytest.raises(StoreUnavailable):
-            await waiting
+            async with asyncio.timeout(30):
+                await waiting
         with pytest.raises(StoreUnavailable):
             writer.submit(arrival("while down"))
     finally:
@@ -263,3 +264,20 @@ async def test_the_server_is_not_ready_while_its_writer_process_is_restarted(
                 await asyncio.sleep(0.02)
         assert (await client.get("/readyz")).status_code == 200
         assert (await client.post(url, json=body)).status_code == 200
+
+
+def test_the_process_starts_without_the_web_stack() -> None:
+    """The writer process imports only what it needs, so that it starts quickly."""
+    script = (
+        "import sys, receivers.store.writer_process; "
+        "print(sorted(m for m in ('sqlalchemy', 'sqlmodel', 'starlette', 'uvicorn', 'httpx') "
+        "if m in sys.modules))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", script],
+        env=process_lane._child_environment(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert found.stdout.strip() == "[]"
