@@ -84,11 +84,12 @@ def test_the_inbox_takes_everything_that_has_arrived_up_to_its_limit() -> None:
         second = frame((late, [record_of(arrival(key)) for key in "de"]))
         ours.sendall(first + second[:5])  # the second frame is incomplete for now
         sent_at, items = inbox.take(limit=10)
-        assert sent_at == early and [item.dedup_key for item in items] == ["a", "b", "c"]
+        assert sent_at == NOW and [item.dedup_key for item in items] == ["a", "b", "c"]
 
         ours.sendall(second[5:])
         sent_at, items = inbox.take(limit=1)
-        assert sent_at == late and [item.dedup_key for item in items] == ["d"]
+        assert sent_at == NOW + timedelta(seconds=1)
+        assert [item.dedup_key for item in items] == ["d"]
         ours.close()
         assert [item.dedup_key for item in inbox.take(limit=10)[1]] == ["e"]
         assert inbox.take(limit=10)[1] == [] and inbox.closed
@@ -281,3 +282,23 @@ def test_the_process_starts_without_the_web_stack() -> None:
         check=True,
     )
     assert found.stdout.strip() == "[]"
+
+
+async def test_a_stuck_process_cannot_hold_up_closing(
+    sqlite_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(process_lane, "EXIT_TIMEOUT_SECONDS", 0.3)
+    writer = ProcessLane(str(sqlite_engine.url.database), clock=lambda: NOW, on_stored=Stored())
+    await writer.start()
+    blocker = sqlite3.connect(str(sqlite_engine.url.database), isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the process waits up to 5 s for this lock
+    try:
+        stuck = writer.submit(arrival("stuck"))
+        async with asyncio.timeout(3):
+            await writer.close()
+        with pytest.raises(StoreUnavailable):
+            stuck.result()
+        assert writer._process is None  # reaped (killed after the timeout)
+    finally:
+        blocker.rollback()
+        blocker.close()

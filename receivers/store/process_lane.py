@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 RESTART_DELAY_SECONDS = 1.0
 """How long after the process died a new one is started."""
 EXIT_TIMEOUT_SECONDS = 30.0
-"""How long :meth:`ProcessLane.close` waits for the process to end before killing it."""
+"""How long :meth:`ProcessLane.close` waits for the answers still due, and then for the process
+to end before killing it."""
 SOCKET_BUFFER_BYTES = 1 << 22
 
 Clock = Callable[[], datetime]
@@ -83,7 +84,11 @@ class ProcessLane:
         self._flush()
         if self._waiting and self._transport is not None:
             self._drained = asyncio.Event()
-            await self._drained.wait()
+            try:
+                async with asyncio.timeout(EXIT_TIMEOUT_SECONDS):
+                    await self._drained.wait()
+            except TimeoutError:
+                log.error("the event writer process did not answer in time; stopping it")
         if self._transport is not None:
             self._transport.close()  # the process sees the end of its input and exits
         await self._reap()
@@ -135,8 +140,6 @@ class ProcessLane:
 
     def _connected(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        if self._outbox and self._flush_handle is None:
-            self._flush()
 
     def _lost(self) -> None:
         """The process is gone: fail whoever waits, start another one soon."""

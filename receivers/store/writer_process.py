@@ -45,10 +45,10 @@ class Inbox:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._reader = FrameReader()
-        self._items: deque[tuple[str, Record]] = deque()
+        self._items: deque[tuple[datetime, Record]] = deque()
         self.closed = False
 
-    def take(self, limit: int) -> tuple[str, list[Item]]:
+    def take(self, limit: int) -> tuple[datetime | None, list[Item]]:
         """Wait for items; then the oldest ``limit`` of everything that has arrived by now, and
         when the newest of them was sent. No items: the socket was closed."""
         while not self._items and not self.closed:
@@ -56,7 +56,7 @@ class Inbox:
         self._receive(block=False)
         count = min(limit, len(self._items))
         taken = [self._items.popleft() for _ in range(count)]
-        sent_at = max((sent for sent, _ in taken), default="")
+        sent_at = max((sent for sent, _ in taken), default=None)
         return sent_at, [item_of(record) for _, record in taken]
 
     def _receive(self, *, block: bool) -> None:
@@ -69,7 +69,8 @@ class Inbox:
                 self.closed = True
                 return
             for sent_at, records in self._reader.feed(data):
-                self._items.extend((sent_at, record) for record in records)
+                sent = datetime.fromisoformat(sent_at)
+                self._items.extend((sent, record) for record in records)
             if block and self._items:
                 return
 
@@ -97,11 +98,11 @@ def serve(database: str, sock: socket.socket) -> None:
     inbox = Inbox(sock)
     try:
         while True:
-            sent_at, items = inbox.take(MAX_BATCH)
-            if not items:
+            now, items = inbox.take(MAX_BATCH)
+            if now is None:
                 return
-            answers = write_batch(writer, items, datetime.fromisoformat(sent_at))
-            sock.sendall(frame((sent_at, answers)))
+            answers = write_batch(writer, items, now)
+            sock.sendall(frame((now.isoformat(), answers)))
     finally:
         writer.close()
 
