@@ -14,7 +14,7 @@ import functools
 import logging
 import sqlite3
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,15 +22,20 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from receivers.store.batch_stores import BatchStore
-from receivers.store.records import Arrival, Identity, Receipt, StoredEvent, StoreUnavailable
+from receivers.store.records import (
+    Arrival,
+    Clock,
+    Identity,
+    OnStored,
+    Receipt,
+    StoredEvent,
+    StoreUnavailable,
+)
 from receivers.store.rows import BatchRows, Item, batch_rows, receipts
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 256
-
-Clock = Callable[[], datetime]
-OnStored = Callable[[list[StoredEvent]], None]
 
 
 @dataclass(slots=True)

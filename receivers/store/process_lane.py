@@ -18,14 +18,20 @@ import socket
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
 import receivers
 from receivers.store.lane_wire import Answer, FrameReader, Record, frame, record_of
-from receivers.store.records import Arrival, Receipt, StoredEvent, StoreUnavailable
+from receivers.store.records import (
+    Arrival,
+    Clock,
+    OnStored,
+    Receipt,
+    StoredEvent,
+    StoreUnavailable,
+)
 from receivers.store.rows import Item
 
 log = logging.getLogger(__name__)
@@ -36,9 +42,6 @@ EXIT_TIMEOUT_SECONDS = 30.0
 """How long :meth:`ProcessLane.close` waits for the answers still due, and then for the process
 to end before killing it."""
 SOCKET_BUFFER_BYTES = 1 << 22
-
-Clock = Callable[[], datetime]
-OnStored = Callable[[list[StoredEvent]], None]
 
 
 class ProcessLane:

@@ -71,6 +71,10 @@ class StoredEvent:
 
 
 AfterCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
+OnStored = Callable[[list[StoredEvent]], None]
+"""How a lane of the event writer reports the newly stored events of a batch."""
+Clock = Callable[[], datetime]
+"""The writer's clock: the time of arrival it gives events (UTC, timezone-aware)."""
 
 
 def body_hash(raw_body: bytes) -> str:
