@@ -13,13 +13,15 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import process_lane
+from receivers.store.batch_limit import BatchLimit
 from receivers.store.lane_wire import FrameReader, frame, item_of, record_of
 from receivers.store.process_lane import ProcessLane
 from receivers.store.records import Arrival, Receipt, Rejection, StoredEvent, StoreUnavailable
@@ -75,6 +77,10 @@ def test_items_cross_the_wire_unchanged() -> None:
     assert [item_of(record) for record in records] == items
 
 
+def fixed(size: int) -> BatchLimit:
+    return BatchLimit(smallest=size, largest=size)
+
+
 def test_the_inbox_takes_everything_that_has_arrived_up_to_its_limit() -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
@@ -83,16 +89,29 @@ def test_the_inbox_takes_everything_that_has_arrived_up_to_its_limit() -> None:
         first = frame((early, [record_of(arrival(key)) for key in "abc"]))
         second = frame((late, [record_of(arrival(key)) for key in "de"]))
         ours.sendall(first + second[:5])  # the second frame is incomplete for now
-        sent_at, items = inbox.take(limit=10)
+        sent_at, items = inbox.take(fixed(10))
         assert sent_at == NOW and [item.dedup_key for item in items] == ["a", "b", "c"]
 
         ours.sendall(second[5:])
-        sent_at, items = inbox.take(limit=1)
+        sent_at, items = inbox.take(fixed(1))
         assert sent_at == NOW + timedelta(seconds=1)
         assert [item.dedup_key for item in items] == ["d"]
         ours.close()
-        assert [item.dedup_key for item in inbox.take(limit=10)[1]] == ["e"]
-        assert inbox.take(limit=10)[1] == [] and inbox.closed
+        assert [item.dedup_key for item in inbox.take(fixed(10))[1]] == ["e"]
+        assert inbox.take(fixed(10))[1] == [] and inbox.closed
+
+
+def test_the_inbox_tells_the_limit_whether_it_had_to_wait() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        inbox = Inbox(theirs)
+        limit = BatchLimit(smallest=1, largest=4)
+        limit.value = 4
+        ours.sendall(frame((NOW.isoformat(), [record_of(arrival(key)) for key in "abcdef"])))
+        assert len(inbox.take(limit)[1]) == 4 and limit.value == 4  # items were waiting
+        assert len(inbox.take(limit)[1]) == 2 and limit.value == 4
+        ours.close()  # nothing waits now: the inbox waits (here, for the end of its input)
+        assert inbox.take(limit)[1] == [] and limit.value == 2
 
 
 # --- the process's batches -------------------------------------------------------------------
@@ -170,6 +189,25 @@ async def lane(sqlite_engine: AsyncEngine) -> AsyncIterator[tuple[ProcessLane, S
     await lane.start()
     yield lane, stored
     await lane.close()
+
+
+async def test_items_go_out_in_frames_of_frame_items_and_at_the_end_of_the_loops_pass() -> None:
+    lane = ProcessLane("unused.db", clock=lambda: NOW, on_stored=Stored())
+    written: list[bytes] = []
+    lane._loop = asyncio.get_running_loop()  # a transport of our own instead of a process
+    lane._connected(cast(asyncio.Transport, SimpleNamespace(write=written.append)))
+    keys = [f"k{index}" for index in range(process_lane.FRAME_ITEMS + 3)]
+    for key in keys:
+        lane.submit(arrival(key))
+
+    def sent() -> list[list[str]]:
+        reader = FrameReader()
+        frames = [records for data in written for _, records in reader.feed(data)]
+        return [[item_of(record).dedup_key for record in records] for records in frames]
+
+    assert sent() == [keys[: process_lane.FRAME_ITEMS]]  # the writer can start on these
+    await asyncio.sleep(0)  # the end of this pass of the event loop
+    assert sent() == [keys[: process_lane.FRAME_ITEMS], keys[process_lane.FRAME_ITEMS :]]
 
 
 async def test_the_lane_stores_at_its_clock_and_reports_new_events(

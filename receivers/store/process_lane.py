@@ -1,9 +1,10 @@
 """The event writer's lane to a SQLite file: a process of its own that writes the batches.
 
-Each item is handed over as it comes (once per pass of the event loop, every item queued by then
-goes in one frame), and the process takes, when it starts a batch, everything that has arrived
-(:mod:`receivers.store.writer_process`). Its answers settle the callers' futures in arrival order.
-The event loop spends a few microseconds per item on this and never waits for a write.
+Each item is handed over as it comes (every :data:`FRAME_ITEMS` items, and at the end of each pass
+of the event loop, the items queued by then go in one frame), and the process takes, when it
+starts a batch, the oldest of those that have arrived (:mod:`receivers.store.writer_process`).
+Its answers settle the callers' futures in arrival order. The event loop spends a few
+microseconds per item on this and never waits for a write.
 
 Should the process die, the callers still waiting get :class:`StoreUnavailable` (503: the
 platform retries, and an item that was committed after all is then a duplicate), the callbacks
@@ -42,6 +43,9 @@ EXIT_TIMEOUT_SECONDS = 30.0
 """How long :meth:`ProcessLane.close` waits for the answers still due, and then for the process
 to end before killing it."""
 SOCKET_BUFFER_BYTES = 1 << 22
+FRAME_ITEMS = 8
+"""Items are sent once this many wait, else at the end of the event loop's pass: the writer
+process starts on them while the loop is still busy with the rest of a burst of callbacks."""
 
 
 class ProcessLane:
@@ -74,7 +78,9 @@ class ProcessLane:
         future = self._loop.create_future()
         self._outbox.append(record_of(item))
         self._waiting.append((item, future))
-        if self._flush_handle is None:
+        if len(self._outbox) >= FRAME_ITEMS:
+            self._send()
+        elif self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
         return future
 
@@ -181,6 +187,9 @@ class ProcessLane:
 
     def _flush(self) -> None:
         self._flush_handle = None
+        self._send()
+
+    def _send(self) -> None:
         if not self._outbox or self._transport is None:
             return
         records, self._outbox = self._outbox, []

@@ -2,9 +2,10 @@
 
 Started by :class:`~receivers.store.process_lane.ProcessLane` as
 ``python -m receivers.store.writer_process DATABASE``, with its end of a socket pair as standard
-input. It reads items as they come (:mod:`receivers.store.lane_wire`), and each batch takes every
-item that has arrived by the time its write starts (at most :data:`MAX_BATCH`): one transaction,
-one commit (``synchronous=FULL``), then the answers go back. It ends, once the items sent are
+input. It reads items as they come (:mod:`receivers.store.lane_wire`), and each batch takes the
+oldest of the items that have arrived by the time its write starts, as many as its
+:class:`~receivers.store.batch_limit.BatchLimit` allows: one transaction, one commit
+(``synchronous=FULL``), then the answers go back. It ends, once the items sent are
 written, when the socket is closed (the writer stopping, or its process gone).
 
 Why a process: the server's event loop is busy with requests nearly all the time, and a writer
@@ -21,18 +22,18 @@ import signal
 import socket
 import sqlite3
 import sys
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from receivers.store.batch_limit import BatchLimit
 from receivers.store.lane_wire import Answer, FrameReader, Record, frame, item_of
 from receivers.store.rows import Item, batch_rows, receipts
 from receivers.store.sqlite_batches import SqliteBatchWriter
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 256
-"""The most items written in one transaction (more wait for the next)."""
 READ_BYTES = 1 << 20
 CONNECTION_ERRORS = (sqlite3.OperationalError, OSError)
 """Errors that fail a whole batch (the database is unavailable); any other makes the writer
@@ -48,13 +49,17 @@ class Inbox:
         self._items: deque[tuple[datetime, Record]] = deque()
         self.closed = False
 
-    def take(self, limit: int) -> tuple[datetime | None, list[Item]]:
-        """Wait for items; then the oldest ``limit`` of everything that has arrived by now, and
-        when the newest of them was sent. No items: the socket was closed."""
-        while not self._items and not self.closed:
-            self._receive(block=True)
+    def take(self, limit: BatchLimit) -> tuple[datetime | None, list[Item]]:
+        """Wait for items; then the oldest of everything that has arrived by now, as many as
+        ``limit`` allows, and when the newest of them was sent. No items: the socket was
+        closed."""
         self._receive(block=False)
-        count = min(limit, len(self._items))
+        idle = not self._items
+        if idle:
+            while not self._items and not self.closed:
+                self._receive(block=True)
+            self._receive(block=False)
+        count = limit.take(len(self._items), idle=idle)
         taken = [self._items.popleft() for _ in range(count)]
         sent_at = max((sent for sent, _ in taken), default=None)
         return sent_at, [item_of(record) for _, record in taken]
@@ -92,17 +97,22 @@ def write_batch(writer: SqliteBatchWriter, items: Sequence[Item], now: datetime)
         return [answer for item in items for answer in write_batch(writer, [item], now)]
 
 
-def serve(database: str, sock: socket.socket) -> None:
+def serve(
+    database: str, sock: socket.socket, *, clock: Callable[[], float] = time.perf_counter
+) -> None:
     """Write what comes over ``sock`` into ``database`` until the socket is closed."""
     writer = SqliteBatchWriter(database)
     inbox = Inbox(sock)
+    limit = BatchLimit()
     try:
         while True:
-            now, items = inbox.take(MAX_BATCH)
+            now, items = inbox.take(limit)
             if now is None:
                 return
+            started = clock()
             answers = write_batch(writer, items, now)
             sock.sendall(frame((now.isoformat(), answers)))
+            limit.written(len(items), clock() - started)
     finally:
         writer.close()
 
