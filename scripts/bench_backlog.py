@@ -87,6 +87,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.app import utc_now
 from receivers.ids import new_id
 from receivers.store.engine import create_engine
+from receivers.store.sqlite_batches import EVENT_COLUMNS
 from relay import outbox
 from relay.jobs import QUEUE_NAME
 from relay.router import PLATFORM_POLICY, Router
@@ -110,19 +111,6 @@ KIND_BY_PATH = {
     "/conversations": "conversations.status",  # KIND_MIX only sends MessageStatus events there
     "/tts/events": "tts.event",
 }
-EVENT_COLUMNS = [
-    "id",
-    "source",
-    "kind",
-    "dedup_key",
-    "received_at",
-    "payload",
-    "raw_body",
-    "content_type",
-    "method",
-    "remote_addr",
-    "duplicates",
-]
 ROUTED_COLUMNS = ["event_id", "routed_at", "deliveries"]
 DELIVERY_COLUMNS = [
     "id",
@@ -444,7 +432,7 @@ async def copy_rows(
     try:
         async with conn.transaction():
             await conn.copy_records_to_table(
-                "received_events", records=events, columns=EVENT_COLUMNS
+                "received_events", records=events, columns=list(EVENT_COLUMNS)
             )
             await conn.copy_records_to_table(
                 "routed_events", records=routed, columns=ROUTED_COLUMNS
