@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ipaddress import ip_network
 
 from receivers.kinds import RESERVED_SOURCE_NAMES
-from receivers.sources import Network, SourceConfig
+from receivers.sources import Network, SourceConfig, check_not_everyone
 
 DEFAULT_SOURCE = "default"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -27,6 +27,7 @@ class ReceiverConfig:
         networks = tuple(
             ip_network(n, strict=False) if isinstance(n, str) else n for n in self.trusted_proxies
         )
+        check_not_everyone(networks, "trusted_proxies")
         object.__setattr__(self, "trusted_proxies", networks)
         if not self.sources:
             raise ValueError("no source is configured")

@@ -1,13 +1,32 @@
-"""Per-source receiver settings: which checks a callback must pass."""
+"""Per-source receiver settings: which checks a callback must pass.
+
+A secret that an attacker could guess or leave out is refused here, at start-up: empty or short
+tokens, passwords, header values and HMAC keys, and allowlists that allow every address.
+"""
 
 from __future__ import annotations
 
+import re
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 Network = IPv4Network | IPv6Network
+
+MIN_SECRET_LENGTH = 16
+"""The fewest characters of a configured token, password, header value or signature secret
+(the generated token has 43)."""
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP field name (RFC 9110 token)."""
 
 
 class HeaderCheck(BaseModel):
@@ -15,8 +34,21 @@ class HeaderCheck(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=128)
     value: SecretStr
+
+    @field_validator("name")
+    @classmethod
+    def _field_name(cls, value: str) -> str:
+        if not HEADER_NAME.fullmatch(value):
+            raise ValueError(f"{value[:32]!r} is not an HTTP header name")
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        check_secret(value.get_secret_value(), "header value")
+        return value
 
 
 class SourceConfig(BaseModel):
@@ -41,12 +73,21 @@ class SourceConfig(BaseModel):
             return []
         return value if isinstance(value, list) else [value]
 
+    @field_validator("token", "signature_secret")
+    @classmethod
+    def _long_enough(cls, value: list[SecretStr], info: ValidationInfo) -> list[SecretStr]:
+        for secret in value:
+            check_secret(secret.get_secret_value(), str(info.field_name))
+        return value
+
     @field_validator("basic_auth")
     @classmethod
     def _user_and_password(cls, value: list[SecretStr]) -> list[SecretStr]:
         for secret in value:
-            if ":" not in secret.get_secret_value():
-                raise ValueError('basic_auth must be "user:password"')
+            user, colon, password = secret.get_secret_value().partition(":")
+            if not colon or not user.strip():
+                raise ValueError('basic_auth must be "user:password" with a user name')
+            check_secret(password, "basic_auth password")
         return value
 
     @field_validator("allow_ips", mode="before")
@@ -54,6 +95,12 @@ class SourceConfig(BaseModel):
     def _networks(cls, value: object) -> object:
         if isinstance(value, list):
             return [_network(item) if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("allow_ips")
+    @classmethod
+    def _not_everyone(cls, value: list[Network]) -> list[Network]:
+        check_not_everyone(value, "allow_ips")
         return value
 
     @model_validator(mode="after")
@@ -71,6 +118,28 @@ class SourceConfig(BaseModel):
         return bool(
             self.token or self.basic_auth or self.header or self.signature_secret or self.allow_ips
         )
+
+
+def check_secret(secret: str, what: str) -> None:
+    """ValueError unless ``secret`` is at least :data:`MIN_SECRET_LENGTH` characters and not
+    padded with spaces (a copy-and-paste slip the platform would not send). The message never
+    holds the secret."""
+    if not secret.strip():
+        raise ValueError(f"{what} is empty")
+    if secret != secret.strip():
+        raise ValueError(f"{what} starts or ends with white space")
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise ValueError(
+            f"{what} is shorter than {MIN_SECRET_LENGTH} characters (it is a password: make it "
+            "long and random, e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
+
+
+def check_not_everyone(networks: list[Network] | tuple[Network, ...], what: str) -> None:
+    """ValueError when one of ``networks`` spans every address (``0.0.0.0/0``, ``::/0``)."""
+    for network in networks:
+        if network.prefixlen == 0:
+            raise ValueError(f"{what} holds {network}, which is every address")
 
 
 def _network(text: str) -> Network:

@@ -19,7 +19,7 @@ from pydantic_settings import (
 from pydantic_settings import SettingsError as EnvParseError
 
 from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
-from receivers.sources import Network, SourceConfig
+from receivers.sources import Network, SourceConfig, check_not_everyone
 from relay.destinations.config import DestinationConfig
 from relay.durations import Duration
 from relay.policies import Policy, PolicyConfigs, resolve_policies
@@ -96,6 +96,12 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _not_everyone(cls, value: list[Network]) -> list[Network]:
+        check_not_everyone(value, "trusted_proxies")
         return value
 
     @classmethod

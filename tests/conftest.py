@@ -26,7 +26,7 @@ from tests.support import Sink, serving
 REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
-TOKEN = "t0ken-for-tests"
+TOKEN = "t0ken-for-the-tests"
 TABLES = (
     "delivery_attempts",
     "deliveries",

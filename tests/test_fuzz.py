@@ -212,12 +212,15 @@ async def client(make_client: Any, engine: AsyncEngine) -> Any:
 
 GUARDED_SOURCES = {
     "default": SourceConfig(
-        token="right-token", basic_auth="u:p", signature_secret="sig", allow_ips=["127.0.0.0/8"]
+        token="right-token-0123456789",
+        basic_auth="u:p-0123456789abcdef",
+        signature_secret="sig-0123456789abcdef",
+        allow_ips=["127.0.0.0/8"],
     ),
-    "token": SourceConfig(token="right-token"),
-    "basic": SourceConfig(basic_auth="u:p"),
-    "keyed": SourceConfig(header=HeaderCheck(name="X-Callback-Key", value="right-key")),
-    "signed": SourceConfig(signature_secret="sig"),
+    "token": SourceConfig(token="right-token-0123456789"),
+    "basic": SourceConfig(basic_auth="u:p-0123456789abcdef"),
+    "keyed": SourceConfig(header=HeaderCheck(name="X-Callback-Key", value="right-key-0123456789")),
+    "signed": SourceConfig(signature_secret="sig-0123456789abcdef"),
     "walled": SourceConfig(allow_ips=["192.0.2.0/24"]),
 }
 """Every mechanism at once (the default source), and each alone."""

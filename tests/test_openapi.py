@@ -12,8 +12,10 @@ from tests.conftest import ClientFactory
 
 async def test_openapi_document_is_valid_and_complete(make_client: ClientFactory) -> None:
     sources = {
-        "default": SourceConfig(token="t"),
-        "eu": SourceConfig(signature_secret="s", header=HeaderCheck(name="X-Key", value="v")),
+        "default": SourceConfig(token="t" * 16),
+        "eu": SourceConfig(
+            signature_secret="s" * 16, header=HeaderCheck(name="X-Key", value="v" * 16)
+        ),
     }
     async with make_client(sources) as client:
         answer = await client.get("/openapi.json")

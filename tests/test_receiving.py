@@ -307,13 +307,19 @@ async def test_named_sources_are_served_under_their_prefix(
     make_client: ClientFactory, engine: AsyncEngine
 ) -> None:
     sources = {
-        "default": SourceConfig(token="a-token"),
-        "eu": SourceConfig(token="eu-token"),
+        "default": SourceConfig(token="a-token-0123456789"),
+        "eu": SourceConfig(token="eu-token-0123456789"),
     }
     async with make_client(sources) as client:
-        named = await client.post("/hooks/eu/sms/dlr?token=eu-token", json=factories.sms_dlr())
-        wrong_token = await client.post("/hooks/eu/sms/dlr?token=a-token", json=factories.sms_dlr())
-        unknown = await client.post("/hooks/us/sms/dlr?token=a-token", json=factories.sms_dlr())
+        named = await client.post(
+            "/hooks/eu/sms/dlr?token=eu-token-0123456789", json=factories.sms_dlr()
+        )
+        wrong_token = await client.post(
+            "/hooks/eu/sms/dlr?token=a-token-0123456789", json=factories.sms_dlr()
+        )
+        unknown = await client.post(
+            "/hooks/us/sms/dlr?token=a-token-0123456789", json=factories.sms_dlr()
+        )
 
     assert named.status_code == 200
     stored = await queries.get_event(engine, named.json()["id"])
