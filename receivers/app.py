@@ -77,9 +77,11 @@ def create_app(
                 counters=counters,
                 clock=clock,
             )
-            methods = sorted({method for kind in kinds for method in kind.methods})
-            routes.append(Route(prefix + path, endpoint, methods=methods))
-            hooks.update({(prefix + path, method): endpoint for method in methods})
+            # with and without a trailing slash: the platform follows no redirect
+            for url in (prefix + path, prefix + path + "/"):
+                # no method list: the endpoint answers 405 itself (Starlette would add HEAD)
+                routes.append(Route(url, endpoint))
+                hooks.update({(url, method): endpoint for method in endpoint.methods})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -65,9 +65,21 @@ def check_address(source: SourceConfig, address: IPAddress | None) -> None:
         raise AuthFailure(403, "ip-not-allowed", "The caller's address is not allowed.")
 
 
+def check_method(source: SourceConfig, method: str) -> None:
+    """401 for a GET on a source that needs a signature: the platform signs only POST bodies,
+    so nothing in a GET could be verified (a check that cannot apply refuses the request)."""
+    if source.signature_secret and method != "POST":
+        raise AuthFailure(
+            401,
+            "unsigned-method",
+            f"This source requires a signed POST body; a {method} cannot carry a signature.",
+        )
+
+
 def check_credentials(source: SourceConfig, headers: Headers, query: QueryParams) -> None:
-    """401 unless the URL token, basic auth and custom header (those configured) all match."""
-    if source.token and not _matches_any(query.get(TOKEN_PARAM), source.token):
+    """401 unless the URL token, basic auth and custom header (those configured) all match.
+    A credential given more than once is refused: which copy counts would be a guess."""
+    if source.token and not _matches_any(_only(query.getlist(TOKEN_PARAM)), source.token):
         raise AuthFailure(401, "bad-token", "Missing or wrong token in the callback URL.")
     if source.basic_auth and not _matches_any(_basic_credentials(headers), source.basic_auth):
         raise AuthFailure(
@@ -77,7 +89,7 @@ def check_credentials(source: SourceConfig, headers: Headers, query: QueryParams
             headers={"WWW-Authenticate": 'Basic realm="callback-relay"'},
         )
     if source.header is not None and not _matches_any(
-        headers.get(source.header.name), [source.header.value]
+        _only(headers.getlist(source.header.name)), [source.header.value]
     ):
         raise AuthFailure(401, "bad-header", f"Missing or wrong {source.header.name} header.")
 
@@ -87,23 +99,27 @@ def check_signature(source: SourceConfig, headers: Headers, body: bytes, now: da
     of the source's secrets and the timestamp is within the tolerance."""
     if not source.signature_secret:
         return
-    version = headers.get(SIGNATURE_VERSION_HEADER)
-    if version is not None and version.strip().lower() not in SUPPORTED_SIGNATURE_VERSIONS:
+    versions = headers.getlist(SIGNATURE_VERSION_HEADER)
+    if len(versions) > 1 or (
+        versions and versions[0].strip().lower() not in SUPPORTED_SIGNATURE_VERSIONS
+    ):
         raise AuthFailure(401, "bad-signature", "Unsupported x-signature-version.")
-    timestamp_text = headers.get(TIMESTAMP_HEADER)
-    signature_text = headers.get(SIGNATURE_HEADER)
+    timestamp_text = _only(headers.getlist(TIMESTAMP_HEADER))
+    signature_text = _only(headers.getlist(SIGNATURE_HEADER))
     if not timestamp_text or not signature_text:
         raise AuthFailure(
-            401, "bad-signature", "Missing x-signature or x-request-timestamp header."
+            401,
+            "bad-signature",
+            "Missing (or repeated) x-signature or x-request-timestamp header.",
         )
-    signed_at = parse_timestamp(timestamp_text)
-    if signed_at is None:
+    age = _age_seconds(timestamp_text, now)
+    if age is None:
         raise AuthFailure(401, "bad-signature", "Unreadable x-request-timestamp header.")
-    if abs((now - signed_at).total_seconds()) > source.signature_tolerance_seconds:
+    if abs(age) > source.signature_tolerance_seconds:
         raise AuthFailure(401, "stale-signature", "The x-request-timestamp is too old or too new.")
     given = _decode_base64url(signature_text)
     digest = DIGESTS[source.signature_method]
-    message = timestamp_text.encode() + b"\n" + body
+    message = timestamp_text.encode("latin-1") + b"\n" + body
     valid = False
     for secret in source.signature_secret:
         expected = hmac.new(secret.get_secret_value().encode(), message, digest).digest()
@@ -119,7 +135,8 @@ def sign(secret: str, timestamp: str, body: bytes, method: str = "HS256") -> str
 
 
 def parse_timestamp(text: str) -> datetime | None:
-    """Unix seconds, unix milliseconds or ISO 8601; ``None`` when it is none of them."""
+    """Unix seconds, unix milliseconds or ISO 8601; ``None`` when it is none of them or lies
+    outside the years a datetime can hold."""
     text = text.strip()
     try:
         number = float(text)
@@ -133,7 +150,21 @@ def parse_timestamp(text: str) -> datetime | None:
         return None
     if abs(number) > 1e11:
         number /= 1000
-    return datetime.fromtimestamp(number, UTC)
+    try:
+        return datetime.fromtimestamp(number, UTC)
+    except (ValueError, OverflowError, OSError):  # before year 1 or after 9999
+        return None
+
+
+def _age_seconds(timestamp_text: str, now: datetime) -> float | None:
+    """How long ago the timestamp was, or ``None`` when it cannot be read or compared."""
+    signed_at = parse_timestamp(timestamp_text)
+    if signed_at is None:
+        return None
+    try:
+        return (now - signed_at).total_seconds()
+    except OverflowError:  # an offset that pushes year 1 or 9999 out of range
+        return None
 
 
 def _matches_any(given: str | None, secrets: Sequence[SecretStr]) -> bool:
@@ -144,8 +175,13 @@ def _matches_any(given: str | None, secrets: Sequence[SecretStr]) -> bool:
     return matched and given is not None
 
 
+def _only(values: list[str]) -> str | None:
+    """The one value given, or ``None`` when it is missing or repeated."""
+    return values[0] if len(values) == 1 else None
+
+
 def _basic_credentials(headers: Headers) -> str | None:
-    scheme, _, encoded = headers.get("authorization", "").partition(" ")
+    scheme, _, encoded = (_only(headers.getlist("authorization")) or "").partition(" ")
     if scheme.lower() != "basic":
         return None
     try:

@@ -11,6 +11,7 @@ from urllib.parse import unquote_to_bytes
 
 from pydantic import ValidationError
 from starlette.datastructures import URL, Headers, QueryParams
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -20,6 +21,7 @@ from receivers.auth import (
     IPAddress,
     check_address,
     check_credentials,
+    check_method,
     check_signature,
     client_address,
 )
@@ -44,6 +46,10 @@ ANSWER_CONTENT_TYPE = (b"content-type", b"application/json")
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 """Status, raw headers and body of an answer."""
+CALLER_GONE = Problem(
+    400, "client-disconnected", "Bad Request", "The caller disconnected before the end of its body."
+)
+"""What a request whose caller left mid-body is answered (it never reaches anyone)."""
 
 
 class HookEndpoint:
@@ -80,6 +86,8 @@ class HookEndpoint:
         self._answer_tails = {
             kind.name: ANSWER_TAIL.format(kind=kind.name).encode() for kind in kinds
         }
+        self.methods = frozenset(method for kind in kinds for method in kind.methods)
+        """The methods this URL accepts; any other (HEAD too) is answered 405."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app of this URL (methods are checked by whoever routed the request here)."""
@@ -88,7 +96,14 @@ class HookEndpoint:
     async def answer(self, scope: Scope, receive: Receive) -> Answer:
         """Handle one callback; its answer, not sent yet."""
         try:
+            if scope["method"] not in self.methods:
+                raise self._wrong_method(scope)
             return await self._handle(scope, receive)
+        except ClientDisconnect:
+            # the caller left before its body was in: nothing to answer, and nothing went wrong
+            self.counters.inc("relay_client_disconnects_total", source=self.source_name)
+            log.info("caller disconnected before the end of its body on %s", scope["path"])
+            return _answer_of(CALLER_GONE.response())
         except AuthFailure as failure:
             self.counters.inc(
                 "relay_auth_failures_total", source=self.source_name, reason=failure.reason
@@ -116,15 +131,15 @@ class HookEndpoint:
         first = dict(reversed(raw_headers))  # the first of repeated headers wins, as in Headers
         headers = Headers(raw=raw_headers)
         client = scope.get("client")
-        forwarded_for = first.get(b"x-forwarded-for")
         address, remote_addr = _caller(
             client[0] if client else None,
-            forwarded_for.decode("latin-1") if forwarded_for is not None else None,
+            _forwarded_for(raw_headers) if self.config.trusted_proxies else None,
             self.config.trusted_proxies,
         )
         check_address(self.source, address)
-        query_string = scope.get("query_string", b"")
         method = scope["method"]
+        check_method(self.source, method)
+        query_string = scope.get("query_string", b"")
         is_get = method == "GET"
         query = QueryParams(query_string) if is_get else _post_query(query_string)
         check_credentials(self.source, headers, query)
@@ -191,6 +206,16 @@ class HookEndpoint:
         body = b'{"id": "' + receipt.event_id.encode() + self._answer_tails[kind.name]
         return 200, [(b"content-length", b"%d" % len(body)), ANSWER_CONTENT_TYPE], body
 
+    def _wrong_method(self, scope: Scope) -> Problem:
+        allowed = ", ".join(sorted(self.methods))
+        return Problem(
+            405,
+            "method-not-allowed",
+            "Method Not Allowed",
+            f"{scope['method']} is not accepted at {scope['path']} (only {allowed}).",
+            headers={"Allow": allowed},
+        )
+
     def _dispatch(self, data: Any) -> Kind:
         if isinstance(data, dict):
             for kind in self.kinds:
@@ -224,6 +249,15 @@ class HookEndpoint:
                 remote_addr=remote_addr,
             )
         )
+
+
+def _forwarded_for(raw_headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Every X-Forwarded-For line, joined in order into one list (RFC 9110 5.3): a proxy may
+    append a line of its own rather than extend the caller's."""
+    lines = [value for name, value in raw_headers if name == b"x-forwarded-for"]
+    if not lines:
+        return None
+    return b",".join(lines).decode("latin-1")
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)

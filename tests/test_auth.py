@@ -20,7 +20,7 @@ from relay.simulator import factories
 from tests.conftest import ClientFactory
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
-SECRET = "s3cr3t-hmac-key"
+SECRET = "s3cr3t-hmac-key-for-tests"
 
 
 def basic(credentials: str) -> dict[str, str]:
@@ -49,23 +49,42 @@ async def post(client: httpx.AsyncClient, path: str, **kwargs: object) -> int:
 
 
 async def test_token(make_client: ClientFactory) -> None:
-    async with make_client({"default": SourceConfig(token="tok")}) as client:
+    async with make_client({"default": SourceConfig(token="tok-0123456789abcdef")}) as client:
         body = factories.sms_inbound()
         assert await post(client, "/hooks/sms/inbound", json=body) == 401
-        assert await post(client, "/hooks/sms/inbound?token=tox", json=body) == 401
+        assert await post(client, "/hooks/sms/inbound?token=tox-0123456789abcdef", json=body) == 401
         assert await post(client, "/hooks/sms/inbound?token=", json=body) == 401
-        assert await post(client, "/hooks/sms/inbound?token=tok", json=body) == 200
+        assert await post(client, "/hooks/sms/inbound?token=tok-0123456789abcdef", json=body) == 200
 
 
 async def test_token_rotation_accepts_every_listed_token(make_client: ClientFactory) -> None:
-    async with make_client({"default": SourceConfig(token=["old", "new"])}) as client:
-        assert await post(client, "/hooks/sms/dlr?token=old", json=factories.sms_dlr()) == 200
-        assert await post(client, "/hooks/sms/dlr?token=new", json=factories.sms_dlr()) == 200
-        assert await post(client, "/hooks/sms/dlr?token=older", json=factories.sms_dlr()) == 401
+    async with make_client(
+        {"default": SourceConfig(token=["old-0123456789abcdef", "new-0123456789abcdef"])}
+    ) as client:
+        assert (
+            await post(
+                client, "/hooks/sms/dlr?token=old-0123456789abcdef", json=factories.sms_dlr()
+            )
+            == 200
+        )
+        assert (
+            await post(
+                client, "/hooks/sms/dlr?token=new-0123456789abcdef", json=factories.sms_dlr()
+            )
+            == 200
+        )
+        assert (
+            await post(
+                client, "/hooks/sms/dlr?token=older-0123456789abcdef", json=factories.sms_dlr()
+            )
+            == 401
+        )
 
 
 async def test_basic_auth(make_client: ClientFactory) -> None:
-    async with make_client({"default": SourceConfig(basic_auth="platform:pa:ss")}) as client:
+    async with make_client(
+        {"default": SourceConfig(basic_auth="platform:pa:ss-0123456789abcdef")}
+    ) as client:
         body = factories.numinfo_gnp()
         missing = await client.post("/hooks/numinfo/gnp", json=body)
         assert missing.status_code == 401
@@ -88,18 +107,25 @@ async def test_basic_auth(make_client: ClientFactory) -> None:
                 client,
                 "/hooks/numinfo/gnp",
                 json=body,
-                headers={"authorization": "Bearer platform:pa:ss"},
+                headers={"authorization": "Bearer platform:pa:ss-0123456789abcdef"},
             )
             == 401
         )
         assert (
-            await post(client, "/hooks/numinfo/gnp", json=body, headers=basic("platform:pa:ss"))
+            await post(
+                client,
+                "/hooks/numinfo/gnp",
+                json=body,
+                headers=basic("platform:pa:ss-0123456789abcdef"),
+            )
             == 200
         )
 
 
 async def test_custom_header(make_client: ClientFactory) -> None:
-    source = SourceConfig(header=HeaderCheck(name="X-Callback-Key", value="hdr-value"))
+    source = SourceConfig(
+        header=HeaderCheck(name="X-Callback-Key", value="hdr-value-0123456789abcdef")
+    )
     async with make_client({"default": source}) as client:
         body = factories.conversations_status()
         assert await post(client, "/hooks/conversations", json=body) == 401
@@ -111,7 +137,10 @@ async def test_custom_header(make_client: ClientFactory) -> None:
         )
         assert (
             await post(
-                client, "/hooks/conversations", json=body, headers={"X-Callback-Key": "hdr-value"}
+                client,
+                "/hooks/conversations",
+                json=body,
+                headers={"X-Callback-Key": "hdr-value-0123456789abcdef"},
             )
             == 200
         )
@@ -211,13 +240,27 @@ def test_client_address_rules() -> None:
 
 
 async def test_every_configured_check_must_pass(make_client: ClientFactory) -> None:
-    source = SourceConfig(token="tok", basic_auth="u:p", allow_ips=["127.0.0.0/8"])
+    source = SourceConfig(
+        token="tok-0123456789abcdef", basic_auth="u:p-0123456789abcdef", allow_ips=["127.0.0.0/8"]
+    )
     async with make_client({"default": source}) as client:
         body = factories.tts_event
-        assert await post(client, "/hooks/tts/events?token=tok", json=body()) == 401
-        assert await post(client, "/hooks/tts/events", json=body(), headers=basic("u:p")) == 401
         assert (
-            await post(client, "/hooks/tts/events?token=tok", json=body(), headers=basic("u:p"))
+            await post(client, "/hooks/tts/events?token=tok-0123456789abcdef", json=body()) == 401
+        )
+        assert (
+            await post(
+                client, "/hooks/tts/events", json=body(), headers=basic("u:p-0123456789abcdef")
+            )
+            == 401
+        )
+        assert (
+            await post(
+                client,
+                "/hooks/tts/events?token=tok-0123456789abcdef",
+                json=body(),
+                headers=basic("u:p-0123456789abcdef"),
+            )
             == 200
         )
 
@@ -238,18 +281,19 @@ async def test_secrets_never_reach_logs_or_the_store(
     make_client: ClientFactory, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     source = SourceConfig(
-        token="tok-SECRET-1", header=HeaderCheck(name="x-key", value="HDR-SECRET")
+        token="tok-SECRET-1-0123456789",
+        header=HeaderCheck(name="x-key", value="HDR-SECRET-0123456789"),
     )
     caplog.set_level(logging.DEBUG)
     async with make_client({"default": source}) as client:
         await client.post(
             "/hooks/sms/inbound?token=WRONG-SECRET",
             json=factories.sms_inbound(),
-            headers={"x-key": "HDR-SECRET"},
+            headers={"x-key": "HDR-SECRET-0123456789"},
         )
         ok = await client.get(
-            "/hooks/sms/inbound?token=tok-SECRET-1&from=%2B1&to=%2B2&message=hi&requestId=r1",
-            headers={"x-key": "HDR-SECRET"},
+            "/hooks/sms/inbound?token=tok-SECRET-1-0123456789&from=%2B1&to=%2B2&message=hi&requestId=r1",
+            headers={"x-key": "HDR-SECRET-0123456789"},
         )
     assert ok.status_code == 200
     stored = await queries.get_event(engine, ok.json()["id"])

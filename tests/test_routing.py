@@ -72,7 +72,8 @@ async def test_both_lanes_give_the_same_answers(engine: AsyncEngine) -> None:
     routed_app.add_middleware(Passthrough)
     routed = await answers(routed_app)
     statuses = [status for status, _, _ in direct]
-    assert statuses == [200, 200, 200, 400, 422, 422, 401, 413, 307, 405, 400, 405]
+    # a trailing slash is served (the platform follows no redirect); HEAD is not a callback
+    assert statuses == [200, 200, 200, 400, 422, 422, 401, 413, 200, 405, 405, 405]
     assert direct == routed  # same store: the events are duplicates, answered with the same ids
 
 
@@ -82,7 +83,7 @@ async def test_an_unexpected_error_is_a_logged_500_problem(
     def broken_clock() -> datetime:
         raise RuntimeError("no time")
 
-    sources = {"default": SourceConfig(signature_secret="s")}
+    sources = {"default": SourceConfig(signature_secret="s" * 16)}
     app = create_app(ReceiverConfig(sources=sources), engine, clock=broken_clock)
     async with serving(app) as client:
         answer = await client.post("/hooks/sms/inbound", content=BODY)

@@ -18,13 +18,19 @@ from tests.conftest import TOKEN
 from tests.support import free_port
 from tests.test_restart import start_server
 
-SECRET = "hmac-secret"
+SECRET = "hmac-secret-for-the-tests"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the module's server: its config, database and log (server.log)."""
+    return tmp_path_factory.mktemp("security")
+
+
+@pytest.fixture(scope="module")
+def server(server_dir: Path) -> Iterator[int]:
     """A real server: default source by token, `signed` by HMAC; 4 KiB body limit."""
-    tmp = tmp_path_factory.mktemp("security")
+    tmp = server_dir
     config = tmp / "relay.toml"
     config.write_text(
         f'database_url = "sqlite:///{tmp / "relay.db"}"\nmax_body_bytes = 4096\n'
@@ -190,3 +196,36 @@ def test_forwarded_for_from_an_untrusted_peer_is_ignored(tmp_path: Path) -> None
         process.terminate()
         process.wait(timeout=30)
     assert answer.status_code == 403
+
+
+def disconnects_counted(port: int) -> int:
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    prefix = 'relay_client_disconnects_total{source="signed"} '
+    return sum(
+        int(line.removeprefix(prefix)) for line in metrics.splitlines() if line.startswith(prefix)
+    )
+
+
+def test_callers_that_leave_mid_body_are_counted_not_traced(server: int, server_dir: Path) -> None:
+    """No credentials are needed to send a body to a signature-only source: a caller that
+    leaves before the end of it is counted (and an INFO line), never a traceback."""
+    log = server_dir / "server.log"
+    before, counted = log.read_text(), disconnects_counted(server)
+    callers = 20
+    for _ in range(callers):
+        with socket.create_connection(("127.0.0.1", server), timeout=5) as sock:
+            sock.sendall(
+                head(
+                    "/hooks/signed/conversations",
+                    {"Content-Length": "1000", "Content-Type": "application/json"},
+                )
+                + b'{"event": '
+            )
+    deadline = time.monotonic() + 10
+    while disconnects_counted(server) < counted + callers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert disconnects_counted(server) == counted + callers
+    written = log.read_text()[len(before) :]
+    assert "Traceback" not in written
+    assert "Exception in ASGI application" not in written
+    still_serving(server)
