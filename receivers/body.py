@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +15,12 @@ from starlette.types import Receive
 from receivers.problems import Problem
 
 MAX_JSON_DEPTH = 64
+MAX_JSON_CONTAINERS = 2048
+"""The most objects and arrays one body may hold: a 255-part delivery report has 256. It bounds
+the work of validating a body (a 1 MiB body of 349,000 empty ``parts`` took 1.7 s)."""
+JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+"""A JSON string literal, escapes included (matched in linear time)."""
+BRACKETS = re.compile(r"[\[\]{}]")
 
 
 class BodyTooLarge(Problem):
@@ -69,8 +76,7 @@ def decode_json(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Undecodable(f"The body is not UTF-8 (byte {exc.start}).") from None
-    if _nesting_depth(text) > MAX_JSON_DEPTH:
-        raise Undecodable(f"The JSON is nested deeper than {MAX_JSON_DEPTH} levels.")
+    _check_structure(text)
     try:
         return from_json(raw, allow_inf_nan=True)  # jiter: the same values, twice as fast
     except ValueError:
@@ -106,26 +112,27 @@ def query_as_payload(query: Mapping[str, str], structured: frozenset[str]) -> di
     return payload
 
 
-def _nesting_depth(text: str) -> int:
-    """The bracket nesting depth of a JSON text (outside strings), so that hostile bodies are
-    refused before the recursive parser sees them; 0 when there are too few brackets to matter."""
+def _check_structure(text: str) -> None:
+    """:class:`Undecodable` when the JSON text holds more than :data:`MAX_JSON_CONTAINERS`
+    objects and arrays or nests them deeper than :data:`MAX_JSON_DEPTH`, so that hostile bodies
+    are refused before the parser and the validator see them. Brackets inside strings do not
+    count; the strings are only looked at when there are enough brackets to matter."""
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return 0
+        return
+    structure = JSON_STRING.sub("", text)
+    containers = structure.count("[") + structure.count("{")
+    if containers > MAX_JSON_CONTAINERS:
+        raise Undecodable(
+            f"The JSON holds more than {MAX_JSON_CONTAINERS} objects and arrays ({containers})."
+        )
+    if containers <= MAX_JSON_DEPTH:
+        return
     depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
+    for char in BRACKETS.findall(structure):
+        if char in "[{":
             depth += 1
             deepest = max(deepest, depth)
         elif char in "]}":
             depth -= 1
-    return deepest
+    if deepest > MAX_JSON_DEPTH:
+        raise Undecodable(f"The JSON is nested deeper than {MAX_JSON_DEPTH} levels.")

@@ -71,7 +71,12 @@ async def test_body_over_the_limit_is_413(make_client: ClientFactory, engine: As
         (b"", "empty"),
         (b'{"from": "+4915112345678", "to": ', "not JSON"),
         (b'{"message": "\xff\xfe caf\xe9"}', "not UTF-8"),
-        (b"[" * 5000 + b"]" * 5000, "nested deeper"),
+        (b"[" * 100 + b"]" * 100, "nested deeper"),
+        (b"[" * 5000 + b"]" * 5000, "more than 2048 objects and arrays"),
+        (
+            b'{"requestId": "r", "status": "DELIVERED", "parts": [' + b"{}," * 3000 + b"{}]}",
+            "more than 2048 objects and arrays",
+        ),
     ],
 )
 async def test_undecodable_body_is_400_and_quarantined_raw(
