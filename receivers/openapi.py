@@ -8,7 +8,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from receivers.config import ReceiverConfig, source_prefix
-from receivers.kinds import KINDS, Kind, kinds_by_path
+from receivers.kinds import KINDS, KINDS_BY_NAME, Kind, kinds_by_path
 from receivers.sources import SourceConfig
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
@@ -35,7 +35,7 @@ def openapi_document(config: ReceiverConfig, version: str = "0.1.0") -> dict[str
         "required": ["id", "kind", "status"],
         "properties": {
             "id": {"type": "string", "description": "The stored event's id (same for duplicates)"},
-            "kind": {"type": "string", "enum": [kind.name for kind in KINDS]},
+            "kind": {"type": "string", "enum": list(KINDS_BY_NAME)},
             "status": {"type": "string", "const": "accepted"},
         },
     }
@@ -72,15 +72,16 @@ def _path_item(
         slug = path.strip("/").replace("/", "_").replace("-", "_")
         operation: dict[str, Any] = {
             "operationId": f"{source_name}_{slug}_{method.lower()}",
-            "summary": ", ".join(kind.name for kind in kinds) + f" ({source_name})",
+            "summary": ", ".join(dict.fromkeys(kind.name for kind in kinds)) + f" ({source_name})",
             "parameters": _auth_parameters(source),
             "responses": _responses(),
         }
         if source.basic_auth:
             operation["security"] = [{"basic": []}]
         if method == "GET":
+            get_kinds = [kind for kind in kinds if "GET" in kind.methods]
             operation["parameters"] = operation["parameters"] + _query_parameters(
-                kinds[0], components
+                get_kinds, components
             )
         else:
             operation["requestBody"] = {
@@ -127,11 +128,17 @@ def _auth_parameters(source: SourceConfig) -> list[dict[str, Any]]:
     return parameters
 
 
-def _query_parameters(kind: Kind, components: Mapping[str, Any]) -> list[dict[str, Any]]:
-    schema = components.get(kind.model.__name__, {})
-    required = set(schema.get("required", []))
+def _query_parameters(kinds: list[Kind], components: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The query parameters of the GET shapes at one path (of each shape, when there are more:
+    a parameter is required only when every shape requires it)."""
+    schemas = [components.get(kind.model.__name__, {}) for kind in kinds]
+    required = set.intersection(*(set(schema.get("required", [])) for schema in schemas))
+    properties: dict[str, Any] = {}
+    for schema in reversed(schemas):  # the canonical shape (the last row) first
+        for name, prop in schema.get("properties", {}).items():
+            properties.setdefault(name, prop)
     parameters = []
-    for name, prop in schema.get("properties", {}).items():
+    for name, prop in properties.items():
         parameters.append(
             {
                 "name": name,

@@ -16,7 +16,7 @@ from freezegun import freeze_time
 from receivers.payloads.base import PlatformPayload
 from receivers.payloads.conversations import ConversationsEvent, MessageStatus, MoMessage
 from receivers.payloads.numinfo import GnpResult, GnvResult
-from receivers.payloads.sms import DeliveryReport, InboundMessage
+from receivers.payloads.sms import DeliveryReport, InboundMessage, LegacyDeliveryReport
 from receivers.payloads.tts import TtsEvent
 from relay.simulator import factories as f
 
@@ -24,6 +24,7 @@ Factory = Callable[..., dict[str, Any]]
 
 E164 = re.compile(r"^\+[1-9]\d{7,14}$")
 DLR_STATES = ["ACCEPTED", "BUFFERED", "DELIVERED", "EXPIRED", "REJECTED", "UNDELIVERABLE"]
+LEGACY_STATES = ["delivered", "not delivered", "expired", "rejected", "buffered"]
 STATUS_KINDS = ["accepted", "dispatched", "delivered", "seen"]
 STATUS_KINDS += ["channelFailed", "failed", "deleted", "unknown"]
 INBOUND_KINDS = ["text", "media", "location", "contacts", "reaction", "postback", "order", "sms"]
@@ -35,6 +36,10 @@ CASES: list[tuple[str, type[PlatformPayload], Factory, dict[str, Any]]] = [
     ("sms.inbound-3-parts", InboundMessage, f.sms_inbound, {"parts": 3}),
     ("sms.inbound-missing", InboundMessage, f.sms_inbound, {"parts": 4, "missing_part": True}),
     *[(f"sms.dlr-{s}", DeliveryReport, f.sms_dlr, {"status": s, "parts": 2}) for s in DLR_STATES],
+    *[
+        (f"sms.dlr-legacy-{s}", LegacyDeliveryReport, f.sms_dlr_legacy, {"stat": s})
+        for s in LEGACY_STATES
+    ],
     ("numinfo.gnp", GnpResult, f.numinfo_gnp, {}),
     ("numinfo.gnp-ported", GnpResult, f.numinfo_gnp, {"ported": True}),
     ("numinfo.gnv", GnvResult, f.numinfo_gnv, {}),
@@ -168,6 +173,24 @@ DOCUMENTED: dict[str, tuple[list[tuple[Factory, dict[str, Any]]], set[str]]] = {
             "parts.currency",
             "parts.priceEffective",
             "parts.statusText",
+        },
+    ),
+    "sms.dlr (legacy)": (
+        [(f.sms_dlr_legacy, {})],
+        {
+            "receiver",
+            "msgid",
+            "ttid",
+            "mccmnc",
+            "err",
+            "stat",
+            "sender",
+            "text",
+            "donedate",
+            "submitdate",
+            "price",
+            "currency",
+            "priceEffective",
         },
     ),
     "numinfo.gnp": (
@@ -307,6 +330,13 @@ def test_factory_values_are_realistic(seed: int) -> None:
     assert _is_utc_iso(dlr["submitDate"]) and _is_utc_iso(dlr["doneDate"])
     assert dlr["submitDate"] < dlr["doneDate"]
 
+    legacy = f.sms_dlr_legacy(stat="expired", rng=rng)
+    assert E164.match(legacy["receiver"]) and _is_uuid4(legacy["msgid"])
+    assert all(isinstance(value, str) for value in legacy.values())  # query parameters
+    assert int(legacy["submitdate"]) < int(legacy["donedate"]) <= datetime.now().timestamp()
+    assert legacy["mccmnc"] == legacy["ttid"] and legacy["err"] == "003"
+    assert "donedate" not in f.sms_dlr_legacy(stat="buffered", rng=rng)
+
     gnp = f.numinfo_gnp(rng=rng)
     assert E164.match(gnp["msisdn"]) and re.fullmatch(r"[A-Z]{3}", gnp["country"])
     assert gnp["synchronous"] is False and gnp["currency"] == "EUR"
@@ -374,6 +404,7 @@ def test_conversations_event_has_no_message_id() -> None:
 FACTORIES: list[Factory] = [
     f.sms_inbound,
     f.sms_dlr,
+    f.sms_dlr_legacy,
     f.numinfo_gnp,
     f.numinfo_gnv,
     f.conversations_status,
@@ -480,6 +511,7 @@ def test_dlr_ttid_variants() -> None:
     stored = _validate(DeliveryReport, f.sms_dlr({"ttid": f.REMOVE, "ttId": 26202}, rng=rng))
     assert stored["ttid"] == 26202 and "ttId" not in stored
     assert DeliveryReport.model_validate(f.sms_dlr({"ttid": "TT-7"}, rng=rng)).ttid == "TT-7"
+    assert DeliveryReport.model_validate(f.sms_dlr({"ttid": "026201"}, rng=rng)).ttid == "026201"
 
 
 ID_CASES = [
@@ -515,10 +547,10 @@ def test_gnp_case_variants_land_on_canonical_names() -> None:
         rng=random.Random(1),
     )
     model = GnpResult.model_validate(payload)
-    assert model.ttid == 26201 and model.timezone == "+01:00" and model.mcc == "262"
+    assert model.ttid == "26201" and model.timezone == "+01:00" and model.mcc == "262"
     assert model.price == 0.005
     stored = model.to_stored()
-    assert stored["ttid"] == 26201 and stored["timezone"] == "+01:00"
+    assert stored["ttid"] == "26201" and stored["timezone"] == "+01:00"  # a string in the schema
     assert "ttId" not in stored and "timeZone" not in stored
 
 
@@ -544,8 +576,8 @@ def test_gnv_case_variants_and_tristate_flags() -> None:
 
 
 def test_exact_spelling_wins_over_a_case_variant() -> None:
-    payload = f.numinfo_gnp({"ttid": 1, "ttId": 2}, rng=random.Random(1))
-    assert GnpResult.model_validate(payload).ttid == 1
+    payload = f.numinfo_gnp({"ttid": "1", "ttId": "2"}, rng=random.Random(1))
+    assert GnpResult.model_validate(payload).ttid == "1"
 
 
 @pytest.mark.parametrize(
@@ -571,6 +603,7 @@ def test_event_names_are_stored_as_received(
     [
         (InboundMessage, f.sms_inbound, {}, ["futureField", "contentList.0.futureField"]),
         (DeliveryReport, f.sms_dlr, {}, ["futureField", "parts.0.futureField"]),
+        (LegacyDeliveryReport, f.sms_dlr_legacy, {}, ["futureField"]),
         (GnpResult, f.numinfo_gnp, {}, ["futureField"]),
         (GnvResult, f.numinfo_gnv, {}, ["futureField"]),
         (
@@ -654,6 +687,8 @@ def test_unknown_fields_are_readable_as_extras() -> None:
         ),
         (DeliveryReport, f.sms_dlr, "requestId", ("requestId",)),
         (DeliveryReport, f.sms_dlr, "status", ("status",)),
+        (LegacyDeliveryReport, f.sms_dlr_legacy, "msgid", ("msgid",)),
+        (LegacyDeliveryReport, f.sms_dlr_legacy, "stat", ("stat",)),
         (GnpResult, f.numinfo_gnp, "requestId", ("requestId",)),
         (GnvResult, f.numinfo_gnv, "requestId", ("requestId",)),
         (ConversationsEvent, f.conversations_event, "event", ("event",)),

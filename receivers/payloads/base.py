@@ -11,8 +11,10 @@ class PlatformPayload(BaseModel):
     """A platform callback body.
 
     Field names are matched case-insensitively (``ttid``/``ttId``, ``timezone``/``timeZone``),
-    numbers are accepted where the platform sometimes sends strings and vice versa, and unknown
-    fields are kept as extra attributes so nothing the platform sends is dropped.
+    and unknown fields are kept as extra attributes so nothing the platform sends is dropped.
+    Values are stored as received unless they convert to the schema's type without loss
+    (``"262"`` -> 262 in an integer field, 262 -> ``"262"`` in a string field, but ``"0123"``
+    and ``"0.0020"`` stay text): see :mod:`receivers.payloads.values`.
 
     ``NaN`` and ``Infinity`` (which JSON does not have, but some encoders write; also what a
     number beyond a float's range such as ``1e400`` decodes to) do not fit a number field, and

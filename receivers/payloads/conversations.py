@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from receivers.payloads.base import PlatformPayload
+from receivers.payloads.values import Flag, Integer, Number
 
 
 class ConversationsEvent(PlatformPayload):
@@ -56,8 +57,8 @@ class Media(PlatformPayload):
 class Location(PlatformPayload):
     """A shared location."""
 
-    latitude: float | None = None
-    longitude: float | None = None
+    latitude: Number | None = None
+    longitude: Number | None = None
     name: str | None = None
     address: str | None = None
 
@@ -84,7 +85,7 @@ class MoContext(PlatformPayload):
     """What an inbound message refers to (a replied-to message, forwarding flags)."""
 
     message_id: str | None = Field(default=None, alias="messageId")
-    is_forwarded: bool | None = Field(default=None, alias="isForwarded")
+    is_forwarded: Flag | None = Field(default=None, alias="isForwarded")
 
 
 class Postback(PlatformPayload):
@@ -97,8 +98,8 @@ class OrderItem(PlatformPayload):
     """One product line of an order."""
 
     product_retailer_id: str | None = Field(default=None, alias="productRetailerId")
-    quantity: int | None = None
-    item_price: float | None = Field(default=None, alias="itemPrice")
+    quantity: Integer | None = None
+    item_price: Number | None = Field(default=None, alias="itemPrice")
     currency: str | None = None
 
 
@@ -123,8 +124,8 @@ class SmsPart(PlatformPayload):
 
     message_id: str | None = Field(default=None, alias="messageId")
     sent_date: str | None = Field(default=None, alias="sentDate")
-    sequence_number: int | None = Field(default=None, alias="sequenceNumber")
-    price: float | None = None
+    sequence_number: Integer | None = Field(default=None, alias="sequenceNumber")
+    price: Number | None = None
     currency: str | None = None
     price_effective: str | None = Field(default=None, alias="priceEffective")
 
@@ -133,9 +134,9 @@ class SmsBlock(PlatformPayload):
     """The ``sms`` channel block of an inbound message."""
 
     origin: SmsOrigin | None = None
-    total_price: float | None = Field(default=None, alias="totalPrice")
-    size: int | None = None
-    missing_parts: bool | None = Field(default=None, alias="missingParts")
+    total_price: Number | None = Field(default=None, alias="totalPrice")
+    size: Integer | None = None
+    missing_parts: Flag | None = Field(default=None, alias="missingParts")
     parts: list[SmsPart] | None = None
 
 

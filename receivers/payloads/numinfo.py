@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from receivers.payloads.base import PlatformPayload
+from receivers.payloads.values import Flag, FlagOrText, Number
 
 
 class _NuminfoCommon(PlatformPayload):
@@ -12,12 +13,12 @@ class _NuminfoCommon(PlatformPayload):
 
     request_id: str = Field(alias="requestId")
     msisdn: str | None = None
-    ported: bool | str | None = None
-    price: float | None = None
+    ported: FlagOrText | None = None
+    price: Number | None = None
     currency: str | None = None
     price_effective: str | None = Field(default=None, alias="priceEffective")
     error_code: str | None = Field(default=None, alias="errorCode")
-    synchronous: bool | None = None
+    synchronous: Flag | None = None
 
 
 class GnpResult(_NuminfoCommon):
@@ -25,7 +26,7 @@ class GnpResult(_NuminfoCommon):
 
     mcc: str | None = None
     mnc: str | None = None
-    ttid: int | str | None = Field(default=None, union_mode="left_to_right")
+    ttid: str | None = None
     operator: str | None = None
     country: str | None = None
     timezone: str | None = None
@@ -35,8 +36,8 @@ class GnpResult(_NuminfoCommon):
 class GnvResult(_NuminfoCommon):
     """An HLR lookup result with its nrh, imsi, hlr and msc network groups."""
 
-    roaming: bool | str | None = None
-    presence: bool | str | None = None
+    roaming: FlagOrText | None = None
+    presence: FlagOrText | None = None
 
     nrh_mcc: str | None = Field(default=None, alias="nrhMCC")
     nrh_mnc: str | None = Field(default=None, alias="nrhMNC")

@@ -1,10 +1,12 @@
-"""SMS callbacks: inbound messages (``sms.inbound``) and delivery reports (``sms.dlr``)."""
+"""SMS callbacks: inbound messages (``sms.inbound``) and delivery reports (``sms.dlr``, in the
+current shape and in the legacy shape of the older SMS interface)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
 from receivers.payloads.base import PlatformPayload
+from receivers.payloads.values import Flag, Integer, IntegerOrText, Number
 
 
 class InboundContent(PlatformPayload):
@@ -12,8 +14,8 @@ class InboundContent(PlatformPayload):
 
     msg_id: str = Field(alias="msgId")
     sent_date: str = Field(alias="sentDate")
-    sequence_number: int = Field(alias="sequenceNumber")
-    price: float | None = None
+    sequence_number: Integer = Field(alias="sequenceNumber")
+    price: Number | None = None
     currency: str | None = None
     price_effective: str | None = Field(default=None, alias="priceEffective")
 
@@ -28,9 +30,9 @@ class InboundMessage(PlatformPayload):
     origin_mcc: str | None = Field(default=None, alias="originMCC")
     origin_mnc: str | None = Field(default=None, alias="originMNC")
     origin_tt_id: str | None = Field(default=None, alias="originTtId")
-    total_price: float | None = Field(default=None, alias="totalPrice")
-    size: int | None = None
-    missing_parts: bool = Field(default=False, alias="missingParts")
+    total_price: Number | None = Field(default=None, alias="totalPrice")
+    size: Integer | None = None
+    missing_parts: Flag = Field(default=False, alias="missingParts")
     content_list: list[InboundContent] = Field(default_factory=list, alias="contentList")
 
 
@@ -66,8 +68,33 @@ class DeliveryReport(PlatformPayload):
     error_code: str | None = Field(default=None, alias="errorCode")
     error_reason: str | None = Field(default=None, alias="errorReason")
     mccmnc: str | None = None
-    ttid: int | str | None = Field(default=None, union_mode="left_to_right")
-    size: int | None = None
+    ttid: IntegerOrText | None = None
+    size: Integer | None = None
     overall_price: str | None = Field(default=None, alias="overallPrice")
     price_effective: str | None = Field(default=None, alias="priceEffective")
     parts: list[DeliveryReportPart] = Field(default_factory=list)
+
+
+class LegacyDeliveryReport(PlatformPayload):
+    """A delivery report of the platform's older SMS interface, sent to the same URL (usually
+    as GET query parameters, also accepted as a JSON body).
+
+    Its own field names are kept, every value as received (query parameters are text; a number
+    in a JSON body is stored as its text). ``stat`` is one of delivered, not delivered,
+    expired, rejected, buffered (compare it case-insensitively); ``submitdate`` and
+    ``donedate`` are Unix seconds.
+    """
+
+    msgid: str
+    stat: str
+    receiver: str | None = None
+    sender: str | None = None
+    text: str | None = None
+    ttid: str | None = None
+    mccmnc: str | None = None
+    err: str | None = None
+    submitdate: str | None = None
+    donedate: str | None = None
+    price: str | None = None
+    currency: str | None = None
+    price_effective: str | None = Field(default=None, alias="priceEffective")
