@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from receivers.payloads.conversations import ConversationsEvent, MessageStatus, MoMessage
 from receivers.payloads.numinfo import GnpResult, GnvResult
-from receivers.payloads.sms import DeliveryReport, InboundMessage
+from receivers.payloads.sms import DeliveryReport, InboundMessage, LegacyDeliveryReport
 from receivers.payloads.tts import TtsEvent
 
 Matcher = Callable[[Mapping[str, Any]], bool]
@@ -31,6 +31,11 @@ def _is_inbound(body: Mapping[str, Any]) -> bool:
     return _event_name(body) in INBOUND_EVENTS
 
 
+def _is_legacy_dlr(body: Mapping[str, Any]) -> bool:
+    """The older SMS interface's report: ``msgid``/``stat`` and no ``requestId``."""
+    return "requestId" not in body and ("msgid" in body or "stat" in body)
+
+
 def _always(body: Mapping[str, Any]) -> bool:
     return True
 
@@ -43,6 +48,9 @@ class Kind:
     share a path are told apart by ``matches`` on the decoded body, in table order.
     ``dedup_fields`` are wire field names joined into the dedup key; when one is missing, the
     body hash is the key. ``case_insensitive`` names dedup fields compared without letter case.
+    ``variant`` names a second shape of a kind (its own model and dedup key, stored under the
+    same kind name); such a row comes before the kind's canonical row (``variant`` empty), which
+    is the one :data:`KINDS_BY_NAME` gives.
     """
 
     name: str
@@ -54,6 +62,7 @@ class Kind:
     policy_by_channel: Mapping[str, str] = field(default_factory=dict)
     case_insensitive: frozenset[str] = frozenset()
     matches: Matcher = _always
+    variant: str = ""
 
     def policy_for(self, payload: Mapping[str, Any]) -> str:
         """The platform's retry policy for this kind (some depend on the channel)."""
@@ -73,6 +82,17 @@ KINDS: tuple[Kind, ...] = (
         InboundMessage,
         ("requestId",),
         "platform-sms",
+    ),
+    Kind(
+        "sms.dlr",
+        ("/sms/dlr",),
+        ("POST", "GET"),
+        LegacyDeliveryReport,
+        ("msgid", "stat"),
+        "standard",
+        case_insensitive=frozenset({"stat"}),
+        matches=_is_legacy_dlr,
+        variant="legacy",
     ),
     Kind(
         "sms.dlr",
@@ -130,7 +150,8 @@ KINDS: tuple[Kind, ...] = (
     ),
 )
 
-KINDS_BY_NAME: Mapping[str, Kind] = {kind.name: kind for kind in KINDS}
+KINDS_BY_NAME: Mapping[str, Kind] = {kind.name: kind for kind in KINDS if not kind.variant}
+"""The canonical row of each kind (variants share its name, path and policy)."""
 
 RESERVED_SOURCE_NAMES = frozenset(
     path.strip("/").split("/")[0] for kind in KINDS for path in kind.paths
@@ -144,3 +165,12 @@ def kinds_by_path() -> dict[str, list[Kind]]:
         for path in kind.paths:
             grouped.setdefault(path, []).append(kind)
     return grouped
+
+
+def kind_for(name: str, body: Mapping[str, Any]) -> Kind:
+    """The row a receiver picks for a body of the kind ``name``: a variant whose ``matches``
+    takes the body, else the canonical row."""
+    for kind in KINDS:
+        if kind.name == name and kind.variant and kind.matches(body):
+            return kind
+    return KINDS_BY_NAME[name]

@@ -72,5 +72,6 @@ def print_callback_urls(runtime: Runtime, host: str, port: int) -> None:
     click.echo("(kept in the database; configure [sources.default] to choose your own).")
     click.echo("Give the platform these callback URLs (use your public https address):")
     for path, kinds in kinds_by_path().items():
-        label = kinds[0].name if len(kinds) == 1 else kinds[0].name.split(".")[0] + ".*"
+        names = list(dict.fromkeys(kind.name for kind in kinds))  # a kind's variants: one name
+        label = names[0] if len(names) == 1 else names[0].split(".")[0] + ".*"
         click.echo(f"  {label:<16} {base}{path}?token={runtime.generated_token}")

@@ -124,7 +124,7 @@ from benchlib import (
 )
 
 from receivers.dedup import dedup_key
-from receivers.kinds import KINDS_BY_NAME
+from receivers.kinds import kind_for
 from relay.jobs import QUEUE_NAME
 from relay.simulator.clocks import ScaledClock
 from relay.simulator.platform import CallbackResult, Platform
@@ -356,7 +356,7 @@ def distinct_callbacks(units: Sequence[Sequence[Callback]]) -> int:
     for unit in units:
         for callback in unit:
             raw = prepare(callback, endpoint).body or b""
-            kind = KINDS_BY_NAME[callback.kind]
+            kind = kind_for(callback.kind, callback.body)  # the row the receivers pick
             payload = kind.model.model_validate(callback.body).to_stored()  # as the receivers do
             keys.add((callback.kind, dedup_key(kind, payload, raw)))
     return len(keys)

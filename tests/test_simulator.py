@@ -3,6 +3,7 @@ duplicates and shuffling; the platform's schedules to the second; signing; GET; 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -18,12 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import SourceConfig
 from receivers.store import queries
+from receivers.store.engine import create_engine
 from relay.policies import BUILTIN_POLICIES, attempt_times
 from relay.simulator.cli import simulate
 from relay.simulator.clocks import VirtualClock
 from relay.simulator.platform import Platform
 from relay.simulator.run import RunOptions, plan, run_units
 from relay.simulator.scenarios import SCENARIOS, Callback
+from relay.simulator.testing import PlatformSimulator
 from relay.simulator.wire import Credentials, Endpoint
 from tests.conftest import TOKEN, running_client
 from tests.support import free_port
@@ -32,6 +35,8 @@ from tests.test_restart import start_server
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+SIGNING_SECRET = "s3cret-of-the-platform-0001"
+PLATFORM_PASSWORD = "pw-of-the-platform-0001"
 
 
 class Flaky:
@@ -156,13 +161,16 @@ async def test_numinfo_success_is_200_within_two_seconds(engine: AsyncEngine) ->
 async def test_signed_callbacks_are_verified_by_our_receivers(
     make_client: Any, engine: AsyncEngine, method: str
 ) -> None:
-    source = SourceConfig(signature_secret="s3cret", signature_method=method)
+    source = SourceConfig(signature_secret=SIGNING_SECRET, signature_method=method)
     async with make_client({"default": source}) as receiver:
         transport = httpx.ASGITransport(app=receiver.app)
         async with httpx.AsyncClient(transport=transport) as client:
             endpoint = Endpoint.parse("http://relay.test/hooks")
             good = Platform(
-                client, endpoint, clock=VirtualClock(), credentials=Credentials("s3cret", method)
+                client,
+                endpoint,
+                clock=VirtualClock(),
+                credentials=Credentials(SIGNING_SECRET, method),
             )
             bad = Platform(
                 client,
@@ -181,11 +189,13 @@ async def test_signed_callbacks_are_verified_by_our_receivers(
 async def test_get_variant_and_basic_auth_from_the_url(
     make_client: Any, engine: AsyncEngine
 ) -> None:
-    source = SourceConfig(basic_auth="platform:pw", token=TOKEN)
+    source = SourceConfig(basic_auth=f"platform:{PLATFORM_PASSWORD}", token=TOKEN)
     async with make_client({"default": source}) as receiver:
         transport = httpx.ASGITransport(app=receiver.app)
         async with httpx.AsyncClient(transport=transport) as client:
-            endpoint = Endpoint.parse(f"http://platform:pw@relay.test/hooks?token={TOKEN}")
+            endpoint = Endpoint.parse(
+                f"http://platform:{PLATFORM_PASSWORD}@relay.test/hooks?token={TOKEN}"
+            )
             platform = Platform(client, endpoint, clock=VirtualClock(), method="GET")
             callbacks = SCENARIOS["sms-dlr"].build(random.Random(5), {"reference": "order-1"})
             results = [await platform.deliver(c) for c in callbacks]
@@ -194,6 +204,80 @@ async def test_get_variant_and_basic_auth_from_the_url(
     assert {e.method for e in events} == {"GET"}
     assert {e.payload["reference"] for e in events} == {"order-1"}
     assert {e.payload["status"] for e in events} == {c.label for c in callbacks}
+
+
+async def test_legacy_dlr_scenario_over_get_is_stored_as_sent(engine: AsyncEngine) -> None:
+    async with running_client(engine) as receiver:
+        transport = httpx.ASGITransport(app=receiver.app)  # type: ignore[attr-defined]
+        async with httpx.AsyncClient(transport=transport) as client:
+            endpoint = Endpoint.parse(f"http://relay.test/hooks?token={TOKEN}")
+            platform = Platform(client, endpoint, clock=VirtualClock(), method="GET")
+            units = plan(SCENARIOS["sms-dlr-legacy"], RunOptions(count=6), random.Random(2))
+            results = await run_units(platform, units, RunOptions(count=6))
+
+    assert [r.answers for r in results] == [[200]] * len(results)
+    sent = {(r.callback.body["msgid"], r.callback.label): r.callback.body for r in results}
+    events = await queries.list_events(engine, limit=100)
+    assert {e.kind for e in events} == {"sms.dlr"} and {e.method for e in events} == {"GET"}
+    assert {(e.payload["msgid"], e.payload["stat"]): e.payload for e in events} == sent
+    assert {e.dedup_key for e in events} == {f"{msgid}|{stat}" for msgid, stat in sent}
+    assert {stat for _, stat in sent} >= {"buffered", "delivered"}
+
+
+async def _stored_events(database: Path) -> list[Any]:
+    engine = create_engine(f"sqlite:///{database}")
+    try:
+        return await queries.list_events(engine, limit=1000)
+    finally:
+        await engine.dispose()
+
+
+def test_legacy_dlr_from_the_cli_and_the_platform_fixture_against_a_real_server(
+    tmp_path: Path, platform: PlatformSimulator
+) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'database_url = "sqlite:///{tmp_path / "r.db"}"\n[sources.default]\ntoken = "{TOKEN}"\n'
+    )
+    port = free_port()
+    server = start_server(config, port, tmp_path / "server.log")
+    try:
+        url = f"http://127.0.0.1:{port}/hooks?token={TOKEN}"
+        ran = CliRunner().invoke(
+            simulate,
+            [
+                *("sms-dlr-legacy", "--url", url, "--method", "GET", "--count", "3"),
+                *("--seed", "4", "--set", "sender=LEGACYCLI", "--set", "currency=USD", "--json"),
+            ],
+        )
+        platform.target(f"http://127.0.0.1:{port}/hooks", token=TOKEN, method="GET")
+        fixture = platform.sms_dlr_legacy(stat="rejected", sender="FIXTURE", err="102")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    assert ran.exit_code == 0, ran.output
+    report = json.loads(ran.stdout)
+    summary = report["summary"]
+    assert summary["given_up"] == 0 and summary["answers"] == {"200": summary["attempts"]}
+    assert fixture.answers == [200]
+    events = asyncio.run(_stored_events(tmp_path / "r.db"))
+    assert {e.kind for e in events} == {"sms.dlr"} and {e.method for e in events} == {"GET"}
+    from_cli = [e for e in events if e.payload["sender"] == "LEGACYCLI"]
+    assert len(from_cli) == summary["events"] and len(events) == len(from_cli) + 1
+    assert all(e.payload["currency"] == "USD" for e in from_cli)
+    assert {a["event"] for a in report["attempts"]} == {
+        f"{e.payload['msgid']}:{e.payload['stat']}" for e in from_cli
+    }
+    assert all(set(e.payload) <= LEGACY_FIELDS for e in events)
+    assert all(isinstance(value, str) for e in events for value in e.payload.values())
+    [rejected] = [e for e in events if e.payload["sender"] == "FIXTURE"]
+    assert rejected.payload["stat"] == "rejected" and rejected.payload["err"] == "102"
+    assert rejected.raw_body.startswith(b"msgid=")  # the query string, as the platform sent it
+
+
+LEGACY_FIELDS = {"receiver", "msgid", "ttid", "mccmnc", "err", "stat", "sender", "text"}
+LEGACY_FIELDS |= {"donedate", "submitdate", "price", "currency", "priceEffective"}
 
 
 def test_cli_list_and_json_run_against_a_real_server(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from pydantic import (
 )
 from redis.asyncio.connection import parse_url
 
-from receivers.kinds import KINDS
+from receivers.kinds import KINDS_BY_NAME
 from relay.destinations.outbound import BodyFormat
 from relay.destinations.signing import secret_key
 from relay.durations import Duration
@@ -72,7 +72,7 @@ class DestinationBase(BaseModel):
     def _known_kinds(cls, value: list[str]) -> list[str]:
         if not value:
             raise ValueError('kinds cannot be empty (omit it, or use ["*"], to relay every kind)')
-        names = [kind.name for kind in KINDS]
+        names = list(KINDS_BY_NAME)
         for pattern in value:
             if not any(fnmatchcase(name, pattern) for name in names):
                 raise ValueError(

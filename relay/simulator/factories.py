@@ -19,6 +19,7 @@ __all__ = [
     "numinfo_gnp",
     "numinfo_gnv",
     "sms_dlr",
+    "sms_dlr_legacy",
     "sms_inbound",
     "tts_event",
 ]
@@ -327,6 +328,50 @@ def sms_dlr(
     return apply_overrides(payload, overrides)
 
 
+# (err, charged) per state of the older SMS interface; illustrative codes, as above.
+_LEGACY_OUTCOMES: dict[str, tuple[str | None, bool]] = {
+    "buffered": (None, True),
+    "delivered": ("000", True),
+    "expired": ("003", True),
+    "rejected": ("102", False),
+    "not delivered": ("001", True),
+}
+
+
+def sms_dlr_legacy(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    stat: str = "delivered",
+    rng: random.Random | None = None,
+) -> dict[str, Any]:
+    """An ``sms.dlr`` delivery report of the older SMS interface: its own flat field names,
+    every value text (it is sent as GET query parameters); ``submitdate`` and ``donedate`` in
+    Unix seconds. ``stat`` is delivered, not delivered, expired, rejected or buffered; a
+    buffered report has no ``donedate`` or ``err`` yet."""
+    rng = _rng(rng)
+    operator = rng.choice(_DE)
+    err, charged = _LEGACY_OUTCOMES.get(stat.lower(), (None, True))
+    done = _now(rng)
+    submitted = done - timedelta(seconds=rng.randrange(2, 20))
+    payload = {
+        "msgid": _uuid(rng),
+        "stat": stat,
+        "receiver": operator.number(rng),
+        "sender": rng.choice(_SENDER_IDS),
+        "text": rng.choice(_SHORT_TEXTS),
+        "ttid": str(operator.ttid),
+        "mccmnc": operator.mcc + operator.mnc,
+        "err": err,
+        "submitdate": str(int(submitted.timestamp())),
+        "donedate": None if stat.lower() == "buffered" else str(int(done.timestamp())),
+        "price": f"{rng.choice([0.039, 0.045, 0.052]) if charged else 0.0:.4f}",
+        "currency": "EUR",
+        "priceEffective": _price_effective(),
+    }
+    payload = {key: value for key, value in payload.items() if value is not None}
+    return apply_overrides(payload, overrides)
+
+
 # --- number information ----------------------------------------------------------------------
 
 
@@ -361,7 +406,7 @@ def numinfo_gnp(
     payload |= {
         "mcc": current.mcc,
         "mnc": current.mnc,
-        "ttid": current.ttid,
+        "ttid": str(current.ttid),  # a string in the schema (some examples show an integer)
         "operator": current.name,
         "country": current.country3,
         "timezone": current.timezone,

@@ -192,7 +192,7 @@ def _accepted(attempt: Attempt, policy: Policy) -> bool:
 
 def _event_id(callback: Callback) -> str:
     body = callback.body
-    for key in ("requestId", "messageId", "callId"):
+    for key in ("requestId", "messageId", "callId", "msgid"):
         if body.get(key):
             return f"{body[key]}:{callback.label}"
     return callback.label

@@ -58,6 +58,21 @@ def _sms_dlr(rng: random.Random, overrides: Overrides) -> list[Callback]:
     ]
 
 
+LEGACY_ENDINGS = {"delivered": 7, "not delivered": 1, "expired": 1, "rejected": 1}
+
+
+def _sms_dlr_legacy(rng: random.Random, overrides: Overrides) -> list[Callback]:
+    ending = rng.choices(list(LEGACY_ENDINGS), list(LEGACY_ENDINGS.values()))[0]
+    states = ["buffered", ending] if ending != "rejected" else [ending]
+    first = factories.sms_dlr_legacy(overrides, stat=states[0], rng=rng)
+    same = ("msgid", "receiver", "sender", "text", "ttid", "mccmnc", "submitdate")
+    fixed = {**{key: first[key] for key in same if key in first}, **overrides}
+    return [
+        Callback("sms.dlr", factories.sms_dlr_legacy(fixed, stat=state, rng=rng), state)
+        for state in states
+    ]
+
+
 def _sms_inbound(rng: random.Random, overrides: Overrides) -> list[Callback]:
     variant = rng.choice(["single", "single", "concatenated", "missing-part"])
     body = factories.sms_inbound(
@@ -147,6 +162,12 @@ SCENARIOS: Mapping[str, Scenario] = {
             "delivery reports of one SMS: ACCEPTED -> BUFFERED -> DELIVERED, "
             "or REJECTED/UNDELIVERABLE/EXPIRED; multipart with parts",
             _sms_dlr,
+        ),
+        Scenario(
+            "sms-dlr-legacy",
+            "the older SMS interface's reports (msgid, stat; its own shape, GET with "
+            "--method GET): buffered -> delivered, or not delivered/expired/rejected",
+            _sms_dlr_legacy,
         ),
         Scenario(
             "sms-inbound",

@@ -107,6 +107,18 @@ class PlatformSimulator:
         )
         return self.send(Callback("sms.dlr", body, status))
 
+    def sms_dlr_legacy(
+        self,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        stat: str = "delivered",
+        **fields: Any,
+    ) -> CallbackResult:
+        """A delivery report of the older SMS interface (``msgid``, ``stat``, ...); target with
+        ``method="GET"`` to send it as query parameters, as that interface does."""
+        body = factories.sms_dlr_legacy({**(overrides or {}), **fields}, stat=stat, rng=self.rng)
+        return self.send(Callback("sms.dlr", body, stat))
+
     def numinfo_gnp(
         self, overrides: Mapping[str, Any] | None = None, **fields: Any
     ) -> CallbackResult:
