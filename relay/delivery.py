@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from relay import outbox
 from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
 from relay.destinations import Destination, Outbound, Outcome
+from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
 from relay.grouping import Coalescer
 from relay.outbox import AttemptRecord, AttemptResult, Claim, Due
 from relay.policies import Policy, retry_after_bounded
@@ -229,10 +231,14 @@ class Deliverer:
         if policy.answer_budget is not None:
             timeout = min(timeout, policy.answer_budget)
         started = self._clock()
-        outcome = await target.destination.deliver(
-            Outbound.from_event(claimed.event, attempt=claimed.delivery.attempts + 1),
-            timeout=timeout.total_seconds(),
-        )
+        began = time.perf_counter()
+        try:
+            outcome = await target.destination.deliver(
+                Outbound.from_event(claimed.event, attempt=claimed.delivery.attempts + 1),
+                timeout=timeout.total_seconds(),
+            )
+        except Exception as exc:
+            outcome = _relay_error(claimed, exc, (time.perf_counter() - began) * 1000)
         return started, outcome
 
     async def _record(
@@ -266,7 +272,7 @@ class Deliverer:
             started_at=started,
             duration_ms=outcome.duration_ms,
             status_code=outcome.status_code,
-            error=outcome.error,
+            error=storable(outcome.error) if outcome.error else outcome.error,
             response_excerpt=outcome.response_excerpt,
         )
         recorded = await self._outbox.submit(
@@ -299,6 +305,23 @@ def _with_next(error: BaseException, next_due: list[Due]) -> BaseException:
     failed = AttemptsFailed(error, next_due)
     failed.__cause__ = error
     return failed
+
+
+def _relay_error(claimed: Claim, exc: Exception, duration_ms: float) -> Outcome:
+    """A failed attempt for an error in preparing or making it (an event that cannot be
+    rendered, a destination's bug): recorded and retried by policy like any other failure,
+    logged once, without a traceback (a deterministic error would repeat it every attempt)."""
+    delivery = claimed.delivery
+    error = f"relay error: {describe_error(exc)}"[:MAX_ERROR_LENGTH]
+    log.warning(
+        "attempt %d of delivery %s to %s failed: %s",
+        delivery.attempts + 1,
+        delivery.id,
+        delivery.destination,
+        error,
+    )
+    log.debug("traceback of that attempt of delivery %s", delivery.id, exc_info=exc)
+    return Outcome(ok=False, error=error, duration_ms=duration_ms)
 
 
 def _health(row: Any) -> DestinationHealth:

@@ -43,6 +43,8 @@ from tests.support import Answer, Sink, free_port
 
 RECEIVED_AT = datetime(2024, 5, 1, 12, 30, 15, 250000, tzinfo=UTC)
 PAYLOAD = {"messageId": "m-1", "event": "MessageStatus::delivered", "channel": "WhatsApp"}
+LONE_SURROGATE_PAYLOAD = {"message": "hi \ud83d", "to": "+4917398603185"}
+"""A concatenated SMS with a missing part may end in half of a surrogate pair."""
 
 
 def outbound(**changes: Any) -> Outbound:
@@ -184,6 +186,23 @@ async def test_signature_of_a_form_body(sink: Sink, secrets: list[str]) -> None:
     [request] = sink.requests
     # verify() JSON-parses the body unless told not to
     assert Webhook(secrets[0]).verify(request.body, request.headers, json_parse=False) is None
+
+
+async def test_text_utf8_cannot_encode_is_sent_as_json_escapes_and_signed(
+    sink: Sink, secrets: list[str]
+) -> None:
+    destination = http_destination(sink, secret=secrets)
+    try:
+        outcome = await destination.deliver(outbound(payload=LONE_SURROGATE_PAYLOAD), timeout=5)
+    finally:
+        await destination.aclose()
+
+    assert outcome.ok
+    [request] = sink.requests
+    assert b"\\ud83d" in request.body
+    for secret in secrets:
+        verified = Webhook(secret).verify(request.body, request.headers)
+        assert verified["payload"] == LONE_SURROGATE_PAYLOAD
 
 
 # --- HTTP: answers ------------------------------------------------------------------------------
@@ -383,6 +402,18 @@ async def test_redis_stream_raw_format(redis: Redis) -> None:
     assert fields[b"content_type"] == b"application/x-www-form-urlencoded"
 
 
+async def test_redis_stream_relays_text_utf8_cannot_encode(redis: Redis) -> None:
+    config = RedisStreamDestinationConfig(type="redis-stream", url=REDIS_URL, stream="events")
+    destination = RedisStreamDestination("stream", config)
+    try:
+        assert (await destination.deliver(outbound(payload=LONE_SURROGATE_PAYLOAD), timeout=5)).ok
+    finally:
+        await destination.aclose()
+
+    [(_, fields)] = await redis.xrange("events")
+    assert json.loads(fields[b"body"])["payload"] == LONE_SURROGATE_PAYLOAD
+
+
 async def test_redis_stream_is_trimmed_approximately(redis: Redis) -> None:
     config = RedisStreamDestinationConfig(
         type="redis-stream", url=REDIS_URL, stream="capped", maxlen=10
@@ -454,6 +485,18 @@ async def test_arq_job_id_prefix(arq_pool: ArqRedis) -> None:
 
     [job] = await arq_pool.queued_jobs(queue_name="q")
     assert job.job_id == "audit:0190f0a8-1111-7000-8000-000000000001"
+
+
+async def test_arq_relays_text_utf8_cannot_encode(arq_pool: ArqRedis) -> None:
+    config = ArqDestinationConfig(type="arq", url=REDIS_URL, function="f", queue_name="q")
+    destination = ArqDestination("jobs", config)
+    try:
+        assert (await destination.deliver(outbound(payload=LONE_SURROGATE_PAYLOAD), timeout=5)).ok
+    finally:
+        await destination.aclose()
+
+    [job] = await arq_pool.queued_jobs(queue_name="q")
+    assert job.args[0]["payload"] == LONE_SURROGATE_PAYLOAD
 
 
 async def test_arq_connection_refused() -> None:
@@ -638,6 +681,13 @@ def test_envelope_bytes_are_compact_utf8() -> None:
     data = envelope_bytes(event)
     assert b", " not in data and b": " not in data
     assert "héllo ✓".encode() in data
+
+
+def test_envelope_bytes_escape_only_what_utf8_cannot_encode() -> None:
+    payload = {"text": "héllo ✓ \ud83d", "emoji": "\U0001f600"}
+    data = envelope_bytes(outbound(payload=payload))
+    assert b"\\ud83d" in data  # the lone surrogate as a JSON escape ...
+    assert json.loads(data.decode("utf-8"))["payload"] == payload  # ... parsed back losslessly
 
 
 def test_outbound_from_a_stored_event() -> None:

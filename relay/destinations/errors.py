@@ -1,9 +1,10 @@
-"""Short, secret-free descriptions of delivery errors."""
+"""Short, secret-free descriptions of delivery errors (and of the URLs of services)."""
 
 from __future__ import annotations
 
 import re
 import socket
+from urllib.parse import urlsplit
 
 MAX_ERROR_LENGTH = 200
 USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
@@ -25,9 +26,28 @@ def describe_error(exc: BaseException) -> str:
             return "name resolution failed"
         if isinstance(cause, TimeoutError):
             return "timeout"
-    text = USERINFO.sub("", str(exc)).strip()
+    text = USERINFO.sub("", _text(exc)).strip()
     described = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return described[:MAX_ERROR_LENGTH]
+    return storable(described)[:MAX_ERROR_LENGTH]
+
+
+def without_credentials(url: str) -> str:
+    """``url`` to show: without user, password, query or fragment (where secrets go)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def storable(text: str) -> str:
+    """``text`` as every store and log accepts it: NUL (which PostgreSQL's text refuses) and
+    what UTF-8 cannot encode (lone surrogates) become backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a buggy __str__ must not fail the description
+        return ""
 
 
 def _chain(exc: BaseException, limit: int = 10) -> list[BaseException]:

@@ -96,12 +96,12 @@ class HttpDestination:
 
     def headers_for(
         self, outbound: Outbound, body: bytes, content_type: str | None
-    ) -> dict[str, str]:
+    ) -> dict[str, str | bytes]:
         """The request headers of one attempt."""
         timestamp = int(self._clock())
-        headers = {"user-agent": USER_AGENT, **self._headers}
+        headers: dict[str, str | bytes] = {"user-agent": USER_AGENT, **self._headers}
         if content_type:
-            headers["content-type"] = content_type
+            headers["content-type"] = header_value(content_type)
         headers["webhook-id"] = outbound.event_id
         headers["webhook-timestamp"] = str(timestamp)
         if self._signer is not None:
@@ -147,6 +147,17 @@ class HttpDestination:
         """Close the client if this destination made it."""
         if self._owns_client:
             await self._client.aclose()
+
+
+def header_value(text: str) -> str | bytes:
+    """A header value httpx can send: beyond ASCII (a raw body's content type as the platform
+    sent it), the latin-1 bytes ASGI decoded it from; UTF-8 for what latin-1 cannot hold."""
+    if text.isascii():
+        return text
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace")
 
 
 async def _read_head(response: httpx.Response) -> bytes:

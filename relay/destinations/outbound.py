@@ -76,8 +76,16 @@ def envelope(outbound: Outbound) -> dict[str, Any]:
 
 
 def envelope_bytes(outbound: Outbound) -> bytes:
-    """The envelope as compact UTF-8 JSON."""
-    return json.dumps(envelope(outbound), ensure_ascii=False, separators=(",", ":")).encode()
+    """The envelope as compact UTF-8 JSON.
+
+    Text UTF-8 cannot encode (a lone surrogate, as a concatenated SMS with a missing part may
+    hold) is written as JSON escapes instead (``\\ud83d``): valid JSON that parses back to the
+    very same string. Only such envelopes pay for the second rendering."""
+    text = json.dumps(envelope(outbound), ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(envelope(outbound), separators=(",", ":")).encode()
 
 
 def raw_content_type(outbound: Outbound) -> str | None:
