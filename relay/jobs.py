@@ -8,10 +8,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from arq.connections import ArqRedis
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from redis.exceptions import RedisError
 
 from receivers.app import utc_now
+from relay.destinations.errors import describe_error, without_credentials
 from relay.outbox import Due
+from relay.settings import SettingsError
 
 QUEUE_NAME = "relay:queue"
 DELIVER_FUNCTION = "deliver"
@@ -31,6 +34,25 @@ def deliver_job_id(due: Due) -> str:
     """
     micros = (due.at - EPOCH) // timedelta(microseconds=1)
     return f"relay:deliver:{due.id}:{due.attempts}:{micros}"
+
+
+async def open_pool(redis_url: str) -> ArqRedis:
+    """A connection pool to the relay queue's Redis, checked with one PING (arq's connect
+    timeout, 1 s) and none of arq's connection retries: a Redis that is down or refuses the
+    login is a :class:`SettingsError` naming it, without its password."""
+    try:
+        settings = dataclasses.replace(RedisSettings.from_dsn(redis_url), conn_retries=0)
+    except (RuntimeError, ValueError):
+        raise SettingsError(
+            f"redis_url {without_credentials(redis_url)} is not a redis://, rediss:// or "
+            "unix:// URL"
+        ) from None
+    try:
+        return await create_pool(settings)
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise SettingsError(
+            f"cannot connect to Redis at {without_credentials(redis_url)}: {describe_error(exc)}"
+        ) from None
 
 
 class JobQueue:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import fakeredis
-from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.connections import ArqRedis
 from arq.worker import Worker
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
@@ -20,7 +21,8 @@ from receivers.config import ReceiverConfig
 from receivers.store.engine import create_engine
 from relay import migrate
 from relay.bootstrap import generated_token, token_source
-from relay.jobs import JobQueue
+from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
+from relay.jobs import JobQueue, open_pool
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
 from relay.worker import EmbeddedWorker, build_worker
@@ -57,7 +59,7 @@ async def relay_queue(
     """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
     worker running in this event loop."""
     if settings.redis_url:
-        pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+        pool = await open_pool(settings.redis_url)
         try:
             yield JobQueue(pool, clock=clock)
         finally:
@@ -97,8 +99,28 @@ def embedded_pool() -> ArqRedis:
     return ArqRedis(connection_pool=fake.connection_pool)
 
 
+async def connect_database(engine: AsyncEngine) -> None:
+    """Open one connection: a database that is down, unknown or refuses the login is a
+    :class:`SettingsError` naming it (without its password), not a traceback."""
+    try:
+        async with engine.connect():
+            pass
+    except (OSError, TimeoutError, DBAPIError) as exc:
+        where = without_credentials(engine.url.render_as_string(hide_password=True))
+        raise SettingsError(f"cannot connect to the database at {where}: {_reason(exc)}") from None
+
+
+def _reason(exc: Exception) -> str:
+    """The driver's own words (``database "x" does not exist``), on one line."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        return " ".join(str(exc.orig).split())[:MAX_ERROR_LENGTH] or type(exc.orig).__name__
+    return describe_error(exc)
+
+
 async def prepare_database(engine: AsyncEngine) -> None:
-    """SQLite is migrated in place; other databases must have been upgraded by an operator."""
+    """Check the connection; SQLite is migrated in place, other databases must have been
+    upgraded by an operator."""
+    await connect_database(engine)
     if engine.dialect.name == "sqlite":
         await migrate.upgrade(engine)
         return
@@ -111,10 +133,14 @@ async def prepare_database(engine: AsyncEngine) -> None:
 
 
 async def start(settings: Settings) -> Runtime:
-    """Open the database, bring it up to date and resolve the sources."""
+    """Open the database, bring it up to date, check Redis (scaled mode) and resolve the
+    sources. A service that cannot be reached is a :class:`SettingsError` raised here, before
+    the server starts (not a failed start-up inside it)."""
     engine = create_engine(settings.database_url)
     try:
         await prepare_database(engine)
+        if settings.redis_url:
+            await (await open_pool(settings.redis_url)).aclose()
         token = None
         sources = dict(settings.sources)
         if not sources:
@@ -141,7 +167,7 @@ async def run_worker(settings: Settings, clock: Callable[[], datetime] = utc_now
     engine = create_engine(settings.database_url)
     try:
         await prepare_database(engine)
-        pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+        pool = await open_pool(settings.redis_url)
         worker = build_worker(settings, engine, pool, clock=clock)
         try:
             await worker.async_run()

@@ -6,8 +6,10 @@ import asyncio
 import json
 from pathlib import Path
 
+import asyncpg
 import pytest
 from click.testing import CliRunner
+from sqlalchemy.engine import make_url
 
 from receivers.config import SOURCE_NAME_LENGTH
 from receivers.store.engine import create_engine
@@ -18,7 +20,8 @@ from relay.cli import main
 from relay.settings import NAME_LENGTH, SettingsError, load_settings
 from relay.simulator import factories
 from relay.tables import Delivery, DestinationState
-from tests.conftest import TOKEN, running_client
+from tests.conftest import PG_ADMIN_DSN, TOKEN, running_client, service_missing
+from tests.support import free_port
 
 
 def write_config(tmp_path: Path, database_url: str, extra: str = "") -> Path:
@@ -122,7 +125,7 @@ def test_reserved_source_names_are_refused(tmp_path: Path) -> None:
     from receivers import ReceiverConfig, SourceConfig
 
     with pytest.raises(ValueError, match="taken by a receiver path"):
-        ReceiverConfig(sources={"sms": SourceConfig(token="t")})
+        ReceiverConfig(sources={"sms": SourceConfig(token=TOKEN)})
 
 
 @pytest.mark.parametrize(
@@ -178,7 +181,7 @@ def test_a_source_name_as_wide_as_the_source_columns_is_accepted(tmp_path: Path)
         assert table.c.source.type.length == SOURCE_NAME_LENGTH
     name = "s" * SOURCE_NAME_LENGTH
     settings = load_settings(
-        write_config(tmp_path, "sqlite:///x.db", f'[sources.{name}]\ntoken = "t"\n')
+        write_config(tmp_path, "sqlite:///x.db", f'[sources.{name}]\ntoken = "{TOKEN}"\n')
     )
     assert name in settings.sources
 
@@ -197,3 +200,31 @@ def test_generated_token_is_kept_across_restarts(tmp_path: Path) -> None:
     first = asyncio.run(token_of_a_fresh_start())
     assert len(first) >= 32
     assert asyncio.run(token_of_a_fresh_start()) == first
+
+
+async def postgresql_answers() -> None:
+    await (await asyncpg.connect(PG_ADMIN_DSN, timeout=5)).close()
+
+
+@pytest.mark.parametrize("problem", ["refused", "unknown database"])
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "current"], ["events", "list"]])
+def test_a_database_that_cannot_be_used_is_one_clear_line(
+    tmp_path: Path, command: list[str], problem: str
+) -> None:
+    if problem == "refused":
+        url = f"postgresql://postgres:hunter2@127.0.0.1:{free_port()}/relay"
+        reason = "connection refused"
+    else:
+        try:
+            asyncio.run(postgresql_answers())
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            service_missing("PostgreSQL", exc)
+        known = make_url(PG_ADMIN_DSN)
+        url = known.set(password="hunter2", database="relay_nope").render_as_string(False)
+        reason = 'database "relay_nope" does not exist'
+    config = str(write_config(tmp_path, url))
+    result = CliRunner().invoke(main, [*command, "--config", config])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    [line] = result.output.splitlines()
+    assert line.startswith("Error: cannot connect to the database at postgresql")
+    assert reason in line and "hunter2" not in line

@@ -14,7 +14,7 @@ from relay.cli import main
 from relay.simulator import factories
 from tests.conftest import TOKEN
 from tests.relay_support import Clock, Relay, store_events
-from tests.support import Answer, Sink, serving
+from tests.support import Answer, Sink, free_port, serving
 
 
 def relay(*args: str) -> str:
@@ -119,3 +119,26 @@ def test_replay_needs_a_target_and_unknown_names_are_errors(tmp_path: Path) -> N
     assert unknown.exit_code == 1 and "no destination 'crm'" in unknown.output
     shown = runner.invoke(main, ["deliveries", "show", "nope", "--config", str(config)])
     assert shown.exit_code == 1 and "no delivery nope" in shown.output
+
+
+def test_replay_with_redis_unreachable_is_kept_for_the_sweepers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'database_url = "{url}"\nredis_url = "redis://:hunter2@127.0.0.1:{free_port()}/0"\n'
+        f'[sources.default]\ntoken = "{TOKEN}"\n'
+        '[destinations.flaky]\ntype = "http"\nurl = "http://127.0.0.1:9/flaky"\n'
+        '[destinations.gone]\ntype = "http"\nurl = "http://127.0.0.1:9/gone"\n'
+    )
+    flaky, _ = asyncio.run(dead_and_gone(url))
+
+    result = CliRunner().invoke(main, ["deliveries", "replay", flaky, "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "replayed 1" in result.stdout
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith("warning: cannot connect to Redis at redis://127.0.0.1:")
+    assert "the workers' sweepers enqueue them" in warning and "hunter2" not in warning
+    [replayed] = json.loads(
+        relay("deliveries", "list", "--destination", "flaky", "--json", "--config", str(config))
+    )
+    assert replayed["status"] == "pending"

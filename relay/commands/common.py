@@ -11,7 +11,7 @@ import click
 
 from receivers.store.engine import create_engine
 from relay import outbox
-from relay.jobs import JobQueue
+from relay.jobs import JobQueue, open_pool
 from relay.settings import Settings, SettingsError, config_path, load_settings
 
 T = TypeVar("T")
@@ -48,21 +48,33 @@ def run(
 
 
 async def with_engine(settings: Settings, action: Any) -> Any:
-    """Run ``action(engine)`` on a fresh engine for the configured database."""
+    """Run ``action(engine)`` on a fresh engine for the configured database, once it is known
+    to be reachable (else a clean error, see :func:`relay.runtime.connect_database`)."""
+    from relay.runtime import connect_database
+
     engine = create_engine(settings.database_url)
     try:
+        await connect_database(engine)
         return await action(engine)
     finally:
         await engine.dispose()
 
 
 async def enqueue(settings: Settings, due: list[outbox.Due]) -> None:
-    """Enqueue on real Redis; in embedded mode the running server's sweeper picks them up."""
+    """Enqueue on real Redis; in embedded mode the running server's sweeper picks them up, and
+    so do the workers' sweepers when Redis cannot be reached (a warning says so): what is due
+    is in the database already."""
     if not settings.redis_url or not due:
         return
-    from arq.connections import RedisSettings, create_pool
-
-    pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    try:
+        pool = await open_pool(settings.redis_url)
+    except SettingsError as exc:
+        click.echo(
+            f"warning: {exc}; the workers' sweepers enqueue them when it is back "
+            f"(every {settings.sweep_interval.total_seconds():g} s)",
+            err=True,
+        )
+        return
     try:
         await JobQueue(pool).enqueue(due)
     finally:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import click
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store.engine import create_engine
 from relay import migrate
-from relay.commands.common import config_option, load_settings_or_exit, run
+from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
 
 
 @click.command()
@@ -72,15 +72,11 @@ def db_upgrade(config_file: str | None) -> None:
     """Apply every pending migration."""
     settings = load_settings_or_exit(config_file)
 
-    async def upgrade() -> str | None:
-        engine = create_engine(settings.database_url)
-        try:
-            await migrate.upgrade(engine)
-            return await migrate.current_revision(engine)
-        finally:
-            await engine.dispose()
+    async def upgrade(engine: AsyncEngine) -> str | None:
+        await migrate.upgrade(engine)
+        return await migrate.current_revision(engine)
 
-    click.echo(f"database at revision {run(upgrade())}")
+    click.echo(f"database at revision {run(with_engine(settings, upgrade))}")
 
 
 @db.command("current")
@@ -89,13 +85,5 @@ def db_current(config_file: str | None) -> None:
     """Show the database's schema revision and the one this version needs."""
     settings = load_settings_or_exit(config_file)
 
-    async def current() -> str | None:
-        engine = create_engine(settings.database_url)
-        try:
-            return await migrate.current_revision(engine)
-        finally:
-            await engine.dispose()
-
-    click.echo(
-        f"database: {run(current()) or 'empty'}; this version needs: {migrate.head_revision()}"
-    )
+    current = run(with_engine(settings, migrate.current_revision))
+    click.echo(f"database: {current or 'empty'}; this version needs: {migrate.head_revision()}")
