@@ -117,6 +117,9 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_problem, Exception: _server_problem},
     )
+    # a redirect is no answer for the platform (it follows none), and Starlette builds its
+    # Location from the caller's Host header: an unknown path is a 404 problem instead
+    app.router.redirect_slashes = False
     app.state.counters = counters
     app.state.writer = writer
     return app

@@ -186,7 +186,7 @@ def _basic_credentials(headers: Headers) -> str | None:
         return None
     try:
         return base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError):  # binascii.Error, or text beyond ASCII
         return None
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from pydantic_core import from_json
 from starlette.requests import ClientDisconnect
@@ -96,11 +96,29 @@ def _reason(exc: ValueError | RecursionError) -> str:
     return f"a number has more than {sys.get_int_max_str_digits()} digits"
 
 
-def query_as_payload(query: Mapping[str, str], structured: frozenset[str]) -> dict[str, Any]:
-    """GET callbacks: the query parameters as a payload; the ``structured`` ones (lists such as
-    contentList or parts) are decoded when they carry JSON."""
+def query_as_payload(
+    query_string: bytes, structured: frozenset[str], *, leave_out: str
+) -> dict[str, Any]:
+    """GET callbacks: the query parameters (less ``leave_out``, the token) as a payload; the
+    ``structured`` ones (lists such as contentList or parts) are decoded when they carry JSON.
+
+    :class:`Undecodable` when a parameter is not UTF-8 once percent-decoded (a POST body that
+    is not UTF-8 is refused the same way), or is given more than once (which one the platform
+    meant would be a guess)."""
     payload: dict[str, Any] = {}
-    for key, value in query.items():
+    for pair in query_string.split(b"&"):
+        if not pair:
+            continue
+        key_bytes, _, value_bytes = pair.partition(b"=")
+        try:
+            key = unquote_to_bytes(key_bytes.replace(b"+", b" ")).decode("utf-8")
+            value = unquote_to_bytes(value_bytes.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise Undecodable("A query parameter is not UTF-8 once percent-decoded.") from None
+        if key == leave_out:
+            continue
+        if key in payload:
+            raise Undecodable(f"The query parameter {key[:64]!r} is given more than once.")
         stripped = value.strip()
         if key in structured and stripped[:1] in "[{":
             try:

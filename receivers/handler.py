@@ -147,8 +147,13 @@ class HookEndpoint:
         if is_get:
             raw = _query_without_token(query_string)
             content_type = None
-            params = {k: v for k, v in query.items() if k != TOKEN_PARAM}
-            data: Any = query_as_payload(params, STRUCTURED_QUERY_FIELDS)
+            try:
+                data: Any = query_as_payload(
+                    query_string, STRUCTURED_QUERY_FIELDS, leave_out=TOKEN_PARAM
+                )
+            except Undecodable as problem:
+                await self._quarantine(scope, None, problem, [], raw, content_type, remote_addr)
+                return _answer_of(problem.response())
         else:
             raw = await read_body(receive, first.get(b"content-length"), self.config.max_body_bytes)
             if self.source.signature_secret:

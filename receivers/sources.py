@@ -7,7 +7,7 @@ tokens, passwords, header values and HMAC keys, and allowlists that allow every 
 from __future__ import annotations
 
 import re
-from ipaddress import IPv4Network, IPv6Network, ip_network
+from ipaddress import IPv4Network, IPv6Network, collapse_addresses, ip_network
 from typing import Literal
 
 from pydantic import (
@@ -27,6 +27,30 @@ MIN_SECRET_LENGTH = 16
 (the generated token has 43)."""
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """An HTTP field name (RFC 9110 token)."""
+GENERATE_COMMAND = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+MIN_DISTINCT_CHARACTERS = 8
+"""The fewest different characters of a configured secret (``aaaaaaaaaaaaaaaa`` is no secret)."""
+RESERVED_HEADERS = frozenset(
+    {
+        "authorization",
+        "connection",
+        "content-length",
+        "content-type",
+        "expect",
+        "forwarded",
+        "host",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "x-forwarded-for",
+        "x-request-timestamp",
+        "x-signature",
+        "x-signature-version",
+    }
+)
+"""Headers that HTTP, a proxy or another check gives a meaning (and that may be stored, such as
+Content-Type): a secret of the custom header check may not travel in one of them."""
 
 
 class HeaderCheck(BaseModel):
@@ -42,6 +66,11 @@ class HeaderCheck(BaseModel):
     def _field_name(cls, value: str) -> str:
         if not HEADER_NAME.fullmatch(value):
             raise ValueError(f"{value[:32]!r} is not an HTTP header name")
+        if value.lower() in RESERVED_HEADERS:
+            raise ValueError(
+                f"{value} has a meaning of its own in HTTP or another check; choose a header "
+                "name of your own, such as X-Callback-Key"
+            )
         return value
 
     @field_validator("value")
@@ -128,19 +157,31 @@ def check_secret(secret: str, what: str) -> None:
         raise ValueError(f"{what} is empty")
     if secret != secret.strip():
         raise ValueError(f"{what} starts or ends with white space")
+    if not secret.isprintable():
+        raise ValueError(f"{what} holds invisible or control characters")
+    advice = f"make it long and random, e.g. `{GENERATE_COMMAND}`"
     if len(secret) < MIN_SECRET_LENGTH:
+        raise ValueError(f"{what} is shorter than {MIN_SECRET_LENGTH} characters ({advice})")
+    if len(set(secret)) < MIN_DISTINCT_CHARACTERS:
         raise ValueError(
-            f"{what} is shorter than {MIN_SECRET_LENGTH} characters (it is a password: make it "
-            "long and random, e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            f"{what} has fewer than {MIN_DISTINCT_CHARACTERS} different characters ({advice})"
         )
 
 
 def check_not_everyone(networks: list[Network] | tuple[Network, ...], what: str) -> None:
-    """ValueError when one of ``networks`` spans every address (``0.0.0.0/0``, ``::/0``)."""
-    for network in networks:
-        if network.prefixlen == 0:
-            raise ValueError(f"{what} holds {network}, which is every address")
+    """ValueError when ``networks`` span every address of IPv4 or IPv6 (``0.0.0.0/0``, ``::/0``,
+    or ranges that add up to it, such as ``0.0.0.0/1`` and ``128.0.0.0/1``)."""
+    for version in (4, 6):
+        same = [network for network in networks if network.version == version]
+        for network in collapse_addresses(same):  # type: ignore[type-var]
+            if network.prefixlen == 0:
+                raise ValueError(f"{what} holds {network} (all of it), which is every address")
 
 
 def _network(text: str) -> Network:
-    return ip_network(text.strip(), strict=False)
+    """A network in CIDR form; host bits set (``1.2.3.4/1``) are refused, not masked away,
+    since they point to a typing mistake that would widen the range."""
+    try:
+        return ip_network(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"{text.strip()!r} is not a network address ({exc})") from None

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import logging
 import re
+from urllib.parse import unquote_plus
 
-TOKEN_IN_QUERY = re.compile(r"(?<=[?&]token=)[^&\s]*", re.IGNORECASE)
+QUERY_PAIR = re.compile(r"(?<=[?&])([^=&#\s]*)=([^&#\s]*)")
 MASK = "***"
 
 
 def redact(text: str) -> str:
-    """``/hooks/sms/inbound?token=abc`` -> ``/hooks/sms/inbound?token=***``."""
-    return TOKEN_IN_QUERY.sub(MASK, text)
+    """``/hooks/sms/inbound?token=abc`` -> ``/hooks/sms/inbound?token=***``, also when the key
+    is percent-encoded (``%74oken``), since the receiver decodes it before checking it."""
+    return QUERY_PAIR.sub(_mask_token, text)
+
+
+def _mask_token(pair: re.Match[str]) -> str:
+    key = pair.group(1)
+    if unquote_plus(key).strip().lower() == "token":
+        return f"{key}={MASK}"
+    return pair.group(0)
 
 
 class RedactTokens(logging.Filter):

@@ -211,3 +211,56 @@ async def test_a_number_too_large_for_a_float_is_stored_or_refused_never_a_5xx(
     assert answer.status_code < 500, answer.text
     stored, rejected = await queries.count_events(engine), await queries.list_rejected(engine)
     assert (stored, len(rejected)) in ((1, 0), (0, 1))
+
+
+BASE_QUERY = "from=%2B4915112345678&to=%2B4915730000001&message=hi&requestId=get-1"
+
+
+@pytest.mark.parametrize(
+    ("query", "why"),
+    [
+        (BASE_QUERY.replace("message=hi", "message=%ff%fe"), "not UTF-8"),
+        (BASE_QUERY.replace("message=hi", "message=%C3%28"), "not UTF-8"),
+        (BASE_QUERY + "&from=%2B1", "'from' is given more than once"),
+        (BASE_QUERY + "&requestId=get-2", "'requestId' is given more than once"),
+    ],
+)
+async def test_a_get_callback_that_would_lose_data_is_400_and_quarantined(
+    client: httpx.AsyncClient, engine: AsyncEngine, query: str, why: str
+) -> None:
+    """A query that is not UTF-8, or repeats a parameter, is refused like a POST body that is
+    not UTF-8: silently replacing bytes or keeping one of two values would store a guess."""
+    answer = await client.get(f"/hooks/sms/inbound?token={TOKEN}&{query}")
+    document = assert_problem(answer, 400)
+    assert why in str(document["detail"])
+    assert await queries.count_events(engine) == 0
+    assert len(await queries.list_rejected(engine)) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "first", "second"),
+    [
+        ("/hooks/conversations", '"messageId": 1e400', '"messageId": 7e999'),
+        ("/hooks/tts/events", '"callId": 1e400', '"callId": 2e400'),
+        ("/hooks/sms/dlr", '"requestId": 9007199254740993.0', '"requestId": 9007199254740992.0'),
+        ("/hooks/sms/dlr", '"requestId": NaN', '"requestId": "nan"'),
+    ],
+)
+async def test_distinct_callbacks_never_share_a_dedup_key(
+    client: httpx.AsyncClient, engine: AsyncEngine, path: str, first: str, second: str
+) -> None:
+    """An id written as a fraction or past a float's range loses digits when decoded: such a
+    key field does not fit (422), so two different callbacks are never merged into one."""
+    template = {
+        "/hooks/conversations": '{"event": "MoMessage", %s, "content": {"text": "%s"}}',
+        "/hooks/tts/events": '{%s, "status": "completed", "to": "%s"}',
+        "/hooks/sms/dlr": '{%s, "status": "DELIVERED", "reference": "%s"}',
+    }[path]
+    answers = [
+        await client.post(f"{path}?token={TOKEN}", content=(template % (key, text)).encode())
+        for key, text in ((first, "first"), (second, "second"))
+    ]
+    accepted = [answer.json()["id"] for answer in answers if answer.status_code == 200]
+    assert len(set(accepted)) == len(accepted)  # no second callback answered as a duplicate
+    assert answers[0].status_code == 422
+    assert await queries.count_events(engine) == len(accepted)

@@ -182,3 +182,22 @@ def test_any_timestamp_text_passes_or_is_a_401(stamp: str) -> None:
         check_signature(SourceConfig(signature_secret=SECRET), headers, body, NOW)
     except AuthFailure as failure:
         assert failure.status == 401
+
+
+@pytest.mark.parametrize(
+    "authorization", [b"Basic \xc3\xa9", b"Basic \xff\xfe", b"Basic \xe9t\xe9", b"\xc3\xa9"]
+)
+async def test_basic_auth_beyond_ascii_is_a_401(
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture, authorization: bytes
+) -> None:
+    """Base64 is ASCII: other bytes are wrong credentials, not a server error."""
+    source = SourceConfig(basic_auth=f"platform:{TOKEN}")
+    with caplog.at_level(logging.WARNING):
+        async with make_client({"default": source}) as client:
+            answer = await client.post(
+                "/hooks/sms/dlr",
+                json=factories.sms_dlr(),
+                headers=[(b"authorization", authorization)],
+            )
+    assert answer.status_code == 401
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

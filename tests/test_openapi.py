@@ -12,9 +12,9 @@ from tests.conftest import ClientFactory
 
 async def test_openapi_document_is_valid_and_complete(make_client: ClientFactory) -> None:
     sources = {
-        "default": SourceConfig(token="t" * 16),
+        "default": SourceConfig(token="t-0123456789abcdef"),
         "eu": SourceConfig(
-            signature_secret="s" * 16, header=HeaderCheck(name="X-Key", value="v" * 16)
+            signature_secret="s-0123456789abcdef", header=HeaderCheck(name="X-Key", value="v-0123456789abcdef")
         ),
     }
     async with make_client(sources) as client:

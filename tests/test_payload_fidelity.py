@@ -41,6 +41,8 @@ INTEGER = "integer"
 INTEGER_OR_TEXT = "integer, or any text"
 NUMBER = "number"
 TEXT = "string"
+IDENTIFIER = "string (a dedup key's id or state)"
+EVENT_NAME = "string (a Conversations event name)"
 FLAG = "boolean"
 FLAG_OR_TEXT = "boolean or string"
 NAN, INF = float("nan"), float("inf")
@@ -110,6 +112,30 @@ CASES: dict[str, list[tuple[Any, Any]]] = {
         (True, REFUSED),
         ({"a": 1}, REFUSED),
         ([1], REFUSED),
+        (NAN, REFUSED),  # pydantic would store the text "nan"
+        (INF, REFUSED),
+    ],
+    IDENTIFIER: [
+        ("abc", "abc"),
+        ("0123", "0123"),
+        ("", ""),
+        (262, "262"),
+        (4915112345678, "4915112345678"),
+        (10**30, str(10**30)),
+        (0.045, REFUSED),  # a fraction may have lost digits: two callbacks could share a key
+        (9007199254740993.0, REFUSED),
+        (NAN, REFUSED),
+        (INF, REFUSED),  # 1e400 and 2e400 both decode to it
+        (True, REFUSED),
+        ({"a": 1}, REFUSED),
+    ],
+    EVENT_NAME: [
+        ("MoMessage", "MoMessage"),
+        (7, "7"),
+        ("", REFUSED),
+        (0.5, REFUSED),
+        (INF, REFUSED),
+        (True, REFUSED),
     ],
     FLAG: [
         (True, True),
@@ -170,6 +196,22 @@ NOT_TEXT: dict[tuple[str, str], str] = {
     ("OrderItem", "quantity"): INTEGER,
     ("OrderItem", "itemPrice"): NUMBER,
     ("MoContext", "isForwarded"): FLAG,
+    # the fields of the dedup keys: an integer id is kept as its text, a fraction refused
+    ("InboundMessage", "requestId"): IDENTIFIER,
+    ("DeliveryReport", "requestId"): IDENTIFIER,
+    ("DeliveryReport", "status"): IDENTIFIER,
+    ("LegacyDeliveryReport", "msgid"): IDENTIFIER,
+    ("LegacyDeliveryReport", "stat"): IDENTIFIER,
+    ("GnpResult", "requestId"): IDENTIFIER,
+    ("GnvResult", "requestId"): IDENTIFIER,
+    ("ConversationsEvent", "event"): EVENT_NAME,
+    ("ConversationsEvent", "messageId"): IDENTIFIER,
+    ("MessageStatus", "event"): EVENT_NAME,
+    ("MessageStatus", "messageId"): IDENTIFIER,
+    ("MoMessage", "event"): EVENT_NAME,
+    ("MoMessage", "messageId"): IDENTIFIER,
+    ("TtsEvent", "callId"): IDENTIFIER,
+    ("TtsEvent", "status"): IDENTIFIER,
 }
 
 # The least each model needs besides the field under test.
@@ -285,7 +327,7 @@ def _factory_payload(model_name: str) -> dict[str, Any]:
 
 def test_nan_and_infinity_never_reach_the_stored_payload() -> None:
     for model_name, wire_name, schema_type in FIELDS:
-        if schema_type in (INTEGER, INTEGER_OR_TEXT, NUMBER):
+        if schema_type in (INTEGER, INTEGER_OR_TEXT, NUMBER, TEXT, IDENTIFIER, EVENT_NAME):
             for value in (NAN, INF, -INF):
                 payload = {**REQUIRED.get(model_name, {}), wire_name: value}
                 with pytest.raises(pydantic.ValidationError):

@@ -83,7 +83,7 @@ async def test_an_unexpected_error_is_a_logged_500_problem(
     def broken_clock() -> datetime:
         raise RuntimeError("no time")
 
-    sources = {"default": SourceConfig(signature_secret="s" * 16)}
+    sources = {"default": SourceConfig(signature_secret="s-0123456789abcdef")}
     app = create_app(ReceiverConfig(sources=sources), engine, clock=broken_clock)
     async with serving(app) as client:
         answer = await client.post("/hooks/sms/inbound", content=BODY)
@@ -91,3 +91,17 @@ async def test_an_unexpected_error_is_a_logged_500_problem(
     assert answer.headers["content-type"] == "application/problem+json"
     assert answer.json()["type"] == "urn:callback-relay:problem:internal-error"
     assert "unexpected error on POST /hooks/sms/inbound" in caplog.text
+
+
+async def test_an_unknown_path_is_a_404_problem_never_a_redirect(engine: AsyncEngine) -> None:
+    """Starlette would answer a doubled slash with a 307 whose Location comes from the
+    caller's Host header; the platform follows no redirect."""
+    config = ReceiverConfig(sources={"default": SourceConfig(token=TOKEN)})
+    async with serving(create_app(config, engine)) as client:
+        for path in ("/hooks/sms/inbound//", "/healthz/", "/metrics/", "/hooks//sms/inbound"):
+            answer = await client.post(
+                path, params={"token": TOKEN}, content=BODY, headers={"host": "evil.example"}
+            )
+            assert answer.status_code in (404, 405), path
+            assert "location" not in answer.headers
+            assert answer.headers["content-type"] == "application/problem+json"

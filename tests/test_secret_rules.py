@@ -35,8 +35,16 @@ REFUSED = [
     (f'header = {{ name = "", value = "{GOOD}" }}', "at least 1 character"),
     (f'header = {{ name = "X Key", value = "{GOOD}" }}', "is not an HTTP header name"),
     (f'header = {{ name = "X-Key:", value = "{GOOD}" }}', "is not an HTTP header name"),
-    ('allow_ips = ["0.0.0.0/0"]', "0.0.0.0/0, which is every address"),
-    ('allow_ips = ["::/0"]', "::/0, which is every address"),
+    (f'token = "{chr(0x200B) * 16}"', "token holds invisible or control characters"),
+    ('token = "aaaaaaaaaaaaaaaaaaaa"', "token has fewer than 8 different characters"),
+    ('signature_secret = "abababababababab"', "fewer than 8 different characters"),
+    (f'header = {{ name = "Content-Type", value = "{GOOD}" }}', "has a meaning of its own"),
+    (f'header = {{ name = "x-signature", value = "{GOOD}" }}', "has a meaning of its own"),
+    (f'header = {{ name = "Authorization", value = "{GOOD}" }}', "has a meaning of its own"),
+    ('allow_ips = ["0.0.0.0/0"]', "0.0.0.0/0 (all of it), which is every address"),
+    ('allow_ips = ["::/0"]', "::/0 (all of it), which is every address"),
+    ('allow_ips = ["0.0.0.0/1", "128.0.0.0/1"]', "which is every address"),
+    ('allow_ips = ["1.2.3.4/1"]', "'1.2.3.4/1' is not a network address"),
 ]
 
 
@@ -73,7 +81,9 @@ def test_good_secrets_are_taken(tmp_path: Path) -> None:
     assert settings.sources["default"].token[1].get_secret_value() == f"{GOOD}-next"
 
 
-@pytest.mark.parametrize("proxies", ['["0.0.0.0/0"]', '["10.0.0.0/8", "::/0"]'])
+@pytest.mark.parametrize(
+    "proxies", ['["0.0.0.0/0"]', '["10.0.0.0/8", "::/0"]', '["0.0.0.0/1", "128.0.0.0/1"]']
+)
 def test_trusting_every_address_as_a_proxy_is_refused(tmp_path: Path, proxies: str) -> None:
     config = write(tmp_path, f'token = "{GOOD}"', top=f"trusted_proxies = {proxies}\n")
     with pytest.raises(SettingsError, match="every address"):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+TEXT_TYPES = (str, str | None)
+NOT_TEXT = object()
+"""Put in place of a value a string field must refuse (pydantic then names the field)."""
 
 
 class PlatformPayload(BaseModel):
@@ -19,7 +24,8 @@ class PlatformPayload(BaseModel):
     ``NaN`` and ``Infinity`` (which JSON does not have, but some encoders write; also what a
     number beyond a float's range such as ``1e400`` decodes to) do not fit a number field, and
     become ``null`` in a stored unknown field, so that the stored payload is standard JSON on
-    every backend (PostgreSQL refuses those tokens); the raw body keeps them.
+    every backend (PostgreSQL refuses those tokens); the raw body keeps them. They do not fit a
+    string field either (pydantic would store the text ``"nan"``).
     """
 
     model_config = ConfigDict(
@@ -33,6 +39,7 @@ class PlatformPayload(BaseModel):
 
     _key_index: ClassVar[dict[str, str]] = {}
     _canonical_names: ClassVar[frozenset[str]] = frozenset()
+    _text_fields: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -44,25 +51,31 @@ class PlatformPayload(BaseModel):
             index[name.lower()] = wire_name
         cls._key_index = index
         cls._canonical_names = frozenset(index.values())
+        cls._text_fields = frozenset(
+            field.alias or name
+            for name, field in cls.model_fields.items()
+            if field.annotation in TEXT_TYPES
+        )
 
     @model_validator(mode="before")
     @classmethod
     def _canonical_keys(cls, data: Any) -> Any:
-        """Rename keys that differ from a known field only by letter case."""
+        """Rename keys that differ from a known field only by letter case; refuse NaN and
+        Infinity in string fields."""
         if not isinstance(data, dict):
             return data
         index, canonical_names = cls._key_index, cls._canonical_names
         if canonical_names.issuperset(data) or all(
             key in canonical_names or key.lower() not in index for key in data
         ):
-            return data  # the usual case: nothing to rename
+            return _without_non_finite_text(data, cls._text_fields)  # nothing to rename
         renamed: dict[str, Any] = {}
         for key, value in data.items():
             canonical = index.get(key.lower(), key) if isinstance(key, str) else key
             if canonical in renamed and canonical != key:
                 continue  # the exact spelling wins over a case variant
             renamed[canonical] = value
-        return renamed
+        return _without_non_finite_text(renamed, cls._text_fields)
 
     def to_stored(self) -> dict[str, Any]:
         """The payload as stored: canonical field names, only what was sent, extras kept."""
@@ -71,3 +84,15 @@ class PlatformPayload(BaseModel):
             self, mode="json", by_alias=True, exclude_unset=True
         )
         return stored
+
+
+def _without_non_finite_text(data: dict[str, Any], text_fields: frozenset[str]) -> dict[str, Any]:
+    """``data``, with NaN or Infinity in a string field replaced by what the field refuses."""
+    bad = [
+        name
+        for name in text_fields.intersection(data)
+        if type(data[name]) is float and not math.isfinite(data[name])
+    ]
+    if not bad:
+        return data
+    return {**data, **dict.fromkeys(bad, NOT_TEXT)}

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from receivers.payloads.base import PlatformPayload
-from receivers.payloads.values import Flag, Integer, Number
+from receivers.payloads.values import EventName, Flag, Identifier, Integer, Number
 
 
 class ConversationsEvent(PlatformPayload):
@@ -16,8 +16,8 @@ class ConversationsEvent(PlatformPayload):
     ``event`` is stored as received; compare it case-insensitively.
     """
 
-    event: str = Field(min_length=1)
-    message_id: str | None = Field(default=None, alias="messageId")
+    event: EventName
+    message_id: Identifier | None = Field(default=None, alias="messageId")
     channel: str | None = None
     timestamp: str | None = None
     from_: str | None = Field(default=None, alias="from")
@@ -39,7 +39,7 @@ class MessageStatus(ConversationsEvent):
     ``deliveryChannel``.
     """
 
-    message_id: str = Field(alias="messageId")
+    message_id: Identifier = Field(alias="messageId")
     details: StatusDetails | None = None
     status: str | None = None
     delivery_channel: str | None = Field(default=None, alias="deliveryChannel")
@@ -152,7 +152,7 @@ class MoMessage(ConversationsEvent):
     Blocks of channels other than ``sms`` and ``whatsapp`` are kept as extras.
     """
 
-    message_id: str = Field(alias="messageId")
+    message_id: Identifier = Field(alias="messageId")
     content: MoContent | None = None
     context: MoContext | None = None
     group_id: str | None = Field(default=None, alias="groupId")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pydantic import Field
 
 from receivers.payloads.base import PlatformPayload
-from receivers.payloads.values import Flag, FlagOrText, Number
+from receivers.payloads.values import Flag, FlagOrText, Identifier, Number
 
 
 class _NuminfoCommon(PlatformPayload):
     """Fields shared by GNP and GNV results."""
 
-    request_id: str = Field(alias="requestId")
+    request_id: Identifier = Field(alias="requestId")
     msisdn: str | None = None
     ported: FlagOrText | None = None
     price: Number | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from receivers.payloads.base import PlatformPayload
-from receivers.payloads.values import Flag, Integer, IntegerOrText, Number
+from receivers.payloads.values import Flag, Identifier, Integer, IntegerOrText, Number
 
 
 class InboundContent(PlatformPayload):
@@ -26,7 +26,7 @@ class InboundMessage(PlatformPayload):
     from_: str = Field(alias="from")
     to: str
     message: str
-    request_id: str = Field(alias="requestId")
+    request_id: Identifier = Field(alias="requestId")
     origin_mcc: str | None = Field(default=None, alias="originMCC")
     origin_mnc: str | None = Field(default=None, alias="originMNC")
     origin_tt_id: str | None = Field(default=None, alias="originTtId")
@@ -56,8 +56,8 @@ class DeliveryReport(PlatformPayload):
     UNDELIVERABLE, or any state added later).
     """
 
-    request_id: str = Field(alias="requestId")
-    status: str
+    request_id: Identifier = Field(alias="requestId")
+    status: Identifier
     reference: str | None = None
     from_: str | None = Field(default=None, alias="from")
     to: str | None = None
@@ -85,8 +85,8 @@ class LegacyDeliveryReport(PlatformPayload):
     ``donedate`` are Unix seconds.
     """
 
-    msgid: str
-    stat: str
+    msgid: Identifier
+    stat: Identifier
     receiver: str | None = None
     sender: str | None = None
     text: str | None = None

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pydantic import Field
 
 from receivers.payloads.base import PlatformPayload
+from receivers.payloads.values import Identifier
 
 
 class TtsEvent(PlatformPayload):
     """One event of a text-to-speech call, pushed to the call's eventsUrl; every field optional."""
 
-    call_id: str | None = Field(default=None, alias="callId")
+    call_id: Identifier | None = Field(default=None, alias="callId")
     direction: str | None = None
     from_: str | None = Field(default=None, alias="from")
     to: str | None = None
@@ -23,4 +24,4 @@ class TtsEvent(PlatformPayload):
     price: str | None = None
     currency: str | None = None
     network: str | None = None
-    status: str | None = None
+    status: Identifier | None = None

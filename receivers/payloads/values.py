@@ -23,7 +23,16 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticKnownError, core_schema
 
-__all__ = ["Flag", "FlagOrText", "Integer", "IntegerOrText", "Lossless", "Number"]
+__all__ = [
+    "EventName",
+    "Flag",
+    "FlagOrText",
+    "Identifier",
+    "Integer",
+    "IntegerOrText",
+    "Lossless",
+    "Number",
+]
 
 NUMERIC_TEXT = re.compile(
     r"\s*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*", re.ASCII
@@ -130,6 +139,25 @@ def _flag_or_text(value: Any) -> bool | str:
     raise PydanticKnownError("string_type")
 
 
+def _identifier(value: Any) -> str:
+    """An id or state that dedup keys are made of: text as is, an integer as its text. A
+    fraction or a number past a float's range would lose digits (``1e400`` and ``2e400`` both
+    read as infinity), and two different callbacks would share a key: it does not fit."""
+    if isinstance(value, str):
+        return value
+    if type(value) is int:
+        return str(value)
+    raise PydanticKnownError("string_type")
+
+
+def _event_name(value: Any) -> str:
+    """An event name (Conversations ``event``): an identifier that is not empty."""
+    name = _identifier(value)
+    if not name:
+        raise PydanticKnownError("string_too_short", {"min_length": 1})
+    return name
+
+
 @dataclass(frozen=True)
 class Lossless:
     """The pydantic schema of a field of this module: ``validate`` alone, and the stored value
@@ -167,3 +195,9 @@ Flag = Annotated[bool | int | str, Lossless(_flag, ("boolean", "string"))]
 
 FlagOrText = Annotated[bool | str, Lossless(_flag_or_text, ("boolean", "string"))]
 """A string of the schema that may arrive as a boolean (``ported``, ``roaming``, ``presence``)."""
+
+Identifier = Annotated[str, Lossless(_identifier, ("string", "integer"))]
+"""An id or state of the dedup key (``requestId``, ``messageId``, ``callId``, ``status``)."""
+
+EventName = Annotated[str, Lossless(_event_name, ("string", "integer"))]
+"""A Conversations ``event`` name: an :data:`Identifier` that is not empty."""
