@@ -14,7 +14,8 @@ async def test_openapi_document_is_valid_and_complete(make_client: ClientFactory
     sources = {
         "default": SourceConfig(token="t-0123456789abcdef"),
         "eu": SourceConfig(
-            signature_secret="s-0123456789abcdef", header=HeaderCheck(name="X-Key", value="v-0123456789abcdef")
+            signature_secret="s-0123456789abcdef",
+            header=HeaderCheck(name="X-Key", value="v-0123456789abcdef"),
         ),
     }
     async with make_client(sources) as client:
