@@ -4,19 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import Callable
 
 import click
 import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from receivers.config import source_prefix
 from receivers.kinds import kinds_by_path
 from relay import log_redaction
+from relay.connection_guard import ConnectionGuard, EdgeLimits
 from relay.runtime import Runtime, start
 from relay.settings import Settings
 
+try:
+    import resource
+except ImportError:  # pragma: no cover - Windows counts no sockets against an open-files limit
+    resource = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
 GC_YOUNG_THRESHOLD = 20_000
 """Allocations between collections of the youngest generation (Python's default: 700)."""
+OTHER_FILES = 256
+"""Open files kept for everything but client connections: the database and its writer process,
+the embedded worker's outgoing connections (up to 200), logs, Redis."""
+CONNECTIONS_WITHOUT_LIMIT = 10_000
+"""The connection cap where the system has no open-files limit to derive it from (Windows)."""
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -36,15 +52,8 @@ async def serve(
     try:
         if runtime.generated_token is not None:
             print_callback_urls(runtime, host, port)
-        config = uvicorn.Config(
-            runtime.app(),
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=access_log,
-            proxy_headers=False,  # X-Forwarded-For is judged by trusted_proxies, per source
-            server_header=False,
-            lifespan="on",
+        config = server_config(
+            runtime.app(), settings, host, port, log_level, access_log=access_log
         )
         server = uvicorn.Server(config)
         log_redaction.install()
@@ -53,6 +62,77 @@ async def serve(
         await server.serve()
     finally:
         await runtime.engine.dispose()
+
+
+def server_config(
+    app: ASGIApp,
+    settings: Settings,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    *,
+    access_log: bool = True,
+) -> uvicorn.Config:
+    """uvicorn's configuration for `relay serve`: httptools behind the connection guard (which
+    bounds what a client may hold before it is authenticated; see ``relay.connection_guard``)."""
+    guard = ConnectionGuard(edge_limits(settings))
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=guard.protocol_factory(HttpToolsProtocol),  # type: ignore[arg-type]
+        ws="none",  # no receiver speaks WebSocket
+        log_level=log_level,
+        access_log=access_log,
+        proxy_headers=False,  # X-Forwarded-For is judged by trusted_proxies, per source
+        server_header=False,
+        lifespan="on",
+    )
+
+
+def edge_limits(settings: Settings) -> EdgeLimits:
+    """The guard's limits from the settings. Raises the soft open-files limit to the hard one
+    first, since the connection cap is derived from it."""
+    allowed = connections_allowed(raise_open_files_limit())
+    wanted = settings.max_connections or allowed
+    if wanted > allowed:
+        log.warning(
+            "max_connections %d is more than the open-files limit allows; serving at most %d",
+            wanted,
+            allowed,
+        )
+    return EdgeLimits(
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+        header_timeout=settings.header_timeout.total_seconds(),
+        body_timeout=settings.body_timeout.total_seconds(),
+        max_connections=min(wanted, allowed),
+    )
+
+
+def raise_open_files_limit() -> int | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (where the system lets us); the soft
+    limit now in force (None without one)."""
+    if resource is None:  # pragma: no cover
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:  # e.g. an unlimited hard limit the kernel caps
+            log.debug("open-files limit stays at %d: %s", soft, exc)
+        else:
+            soft = hard
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def connections_allowed(open_files: int | None) -> int:
+    """Client connections that fit in ``open_files`` descriptors: all but :data:`OTHER_FILES`
+    and a tenth (connections accepted in one burst hold a descriptor until the guard closes
+    others), and at least half."""
+    if open_files is None:  # pragma: no cover
+        return CONNECTIONS_WITHOUT_LIMIT
+    return max(open_files // 2, open_files - OTHER_FILES - open_files // 10)
 
 
 def calm_garbage_collector() -> None:

@@ -29,6 +29,8 @@ CONFIG_ENV = "RELAY_CONFIG"
 DEFAULT_DATABASE_URL = "sqlite:///relay.db"
 NAME_LENGTH = 64
 """The longest destination or policy name (the width of the deliveries' columns)."""
+SHORTEST_EDGE_TIMEOUT = timedelta(milliseconds=100)
+LONGEST_EDGE_TIMEOUT = timedelta(hours=1)
 
 
 class SettingsError(Exception):
@@ -52,6 +54,17 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(default=50, ge=1, le=1000)
     lease_margin: Duration = timedelta(seconds=10)
     """Added to the longest destination timeout: how long a claimed delivery stays leased."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    """The most bytes a request's head (request line and header fields) may take (else 431)."""
+    max_headers: int = Field(default=100, ge=8, le=10_000)
+    """The most header fields a request may have (else 431)."""
+    header_timeout: Duration = timedelta(seconds=10)
+    """How long a request's head may take to arrive, from the connection's start or from the
+    first byte of the next request on a keep-alive connection (else 408)."""
+    body_timeout: Duration = timedelta(seconds=30)
+    """How long a request's body may take to arrive after its head (else 408, or a close)."""
+    max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
+    """Client connections served at once; unset: derived from the open-files limit."""
 
     @field_validator("sources")
     @classmethod
@@ -70,6 +83,18 @@ class Settings(BaseSettings):
                     f"{what} name {name[:16]!r}... is longer than {NAME_LENGTH} characters"
                 )
         return value
+
+    @field_validator("header_timeout", "body_timeout")
+    @classmethod
+    def _edge_timeout_in_range(cls, value: timedelta) -> timedelta:
+        if not SHORTEST_EDGE_TIMEOUT <= value <= LONGEST_EDGE_TIMEOUT:
+            raise ValueError(f"must be between 100ms and 1h, not {value.total_seconds():g}s")
+        return value
+
+    @field_validator("max_connections", mode="before")
+    @classmethod
+    def _empty_is_derived(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("redis_url")
     @classmethod
