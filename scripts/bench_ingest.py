@@ -8,8 +8,13 @@ b) the real receiver: ``relay serve --no-access-log --log-level warning`` on a f
    database (WAL, synchronous=FULL) in a temp directory, one worker, every callback committed
    durably before its 200.
 
-Both listen on 127.0.0.1 only, with the same uvicorn options (loop and http ``auto``, access log
-off, log level warning, no proxy headers, no server header). Each gets the same realistic bodies
+Both listen on 127.0.0.1 only, with the same uvicorn options: by default (``--baseline
+guarded``) the no-op is served as `relay serve` serves the receivers (``relay.serve.server_config``:
+httptools behind the connection guard with its default limits, access log off, log level
+warning, no proxy headers, no server header, uvloop), so the guard's cost is on both sides of the
+ratio; ``--baseline uvicorn`` serves it with plain ``python -m uvicorn`` (loop and http ``auto``,
+the same options otherwise), as releases before the guard did, which puts the guard's cost in
+the ratio. Each gets the same realistic bodies
 from ``relay.simulator.factories`` (a mix of sms.inbound, sms.dlr, numinfo.gnp,
 conversations.status and tts.event; every body is a distinct event) at the same paths
 (``/hooks/.../?token=...``). The load comes from this process: ``--concurrency`` keep-alive
@@ -44,7 +49,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
 import secrets
 import signal
 import sqlite3
@@ -66,6 +70,7 @@ from benchlib import (
     drive,
     encode_requests,
     free_port,
+    guarded_uvicorn_argv,
     loop_factory,
     open_connections,
     percentile_ms,
@@ -78,8 +83,10 @@ from benchlib import (
 )
 
 
-def noop_argv(port: int) -> list[str]:
-    return uvicorn_argv("noop_app:app", port)
+def noop_argv(port: int, baseline: str) -> list[str]:
+    if baseline == "uvicorn":
+        return uvicorn_argv("noop_app:app", port)
+    return guarded_uvicorn_argv("noop_app:app", port)
 
 
 def write_config(workdir: Path, token: str) -> Path:
@@ -222,6 +229,7 @@ class Report:
     receiver: TargetResult
     stored: int
     stored_ok: bool
+    baseline_server: str = "guarded"
 
     @property
     def ratio(self) -> float:
@@ -244,6 +252,7 @@ class Report:
             "stored": self.stored,
             "baseline_client_cpu": round(self.baseline.client_cpu, 2),
             "client_cpu": round(self.receiver.client_cpu, 2),
+            "baseline_server": self.baseline_server,
         }
 
     def as_text(self) -> str:
@@ -257,7 +266,7 @@ class Report:
                 f"{result.p99_ms:>8.2f} {result.errors:>7} {result.client_cpu:>10.0%}"
             )
         verdict = "ok" if self.stored_ok else "MISMATCH"
-        lines.append(f"ratio receiver/baseline: {self.ratio:.3f}")
+        lines.append(f"ratio receiver/baseline ({self.baseline_server} baseline): {self.ratio:.3f}")
         lines.append(
             f"stored check: {self.stored} rows, {len(set(self.receiver.acked_ids))} distinct "
             f"acked events (warmup included): {verdict}"
@@ -278,7 +287,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> Report:
 
     try:
         port = free_port()
-        add("baseline", noop_argv(port), port, dict(os.environ), read_ids=False)
+        add("baseline", noop_argv(port, args.baseline), port, relay_env(), read_ids=False)
         port = free_port()
         argv = relay_argv(port, write_config(workdir, token))
         add("receiver", argv, port, relay_env(), read_ids=True)
@@ -295,7 +304,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> Report:
         and set(ids) == set(acked)
         and len(ids) == len(acked)
     )
-    return Report(baseline, receiver, len(ids), stored_ok)
+    return Report(baseline, receiver, len(ids), stored_ok, args.baseline)
 
 
 async def bounded(coroutine: Coroutine[Any, Any, Report], seconds: float) -> Report:
@@ -321,6 +330,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="overall limit, seconds")
     parser.add_argument("--seed", type=int, default=20260101, help="payload generator seed")
+    parser.add_argument(
+        "--baseline",
+        choices=("guarded", "uvicorn"),
+        default="guarded",
+        help="serve the no-op as `relay serve` serves (default) or with plain uvicorn",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser.parse_args(argv)
 

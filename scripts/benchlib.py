@@ -399,6 +399,28 @@ def uvicorn_argv(app: str, port: int) -> list[str]:
     ]
 
 
+GUARDED_SERVER = """
+import sys
+import uvicorn
+from uvicorn.importer import import_from_string
+from relay.serve import server_config
+from relay.settings import Settings
+app_dir, app_path, host, port = sys.argv[1:]
+sys.path.insert(0, app_dir)
+app = import_from_string(app_path)
+config = server_config(app, Settings(), host, int(port), "warning", access_log=False)
+uvicorn.Server(config).run()
+"""
+
+
+def guarded_uvicorn_argv(app: str, port: int) -> list[str]:
+    """One uvicorn worker serving ``module:attribute`` from this directory exactly as `relay
+    serve` runs its receivers (``relay.serve.server_config``: httptools behind the connection
+    guard, default limits, access log off, log level warning); loop and lifespan as
+    :func:`uvicorn_argv`."""
+    return [sys.executable, "-c", GUARDED_SERVER, str(SCRIPTS_DIR), app, HOST, str(port)]
+
+
 def relay_command() -> list[str]:
     """The `relay` console script of this interpreter's environment."""
     script = Path(sys.executable).with_name("relay")
