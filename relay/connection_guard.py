@@ -14,11 +14,15 @@ descriptors before any authentication runs. :class:`ConnectionGuard` bounds, for
   connection (closed without a word), else a body still coming in (408, or a plain close once
   answered). Only when every connection has a request being answered is the new one refused
   with 503. An idle keep-alive connection (uvicorn closes it after 5 s, but not after an answer
-  given before the body was read) is closed after ``header_timeout`` at the latest.
+  given before the body was read) is closed after ``header_timeout`` at the latest;
+- pipelining: at most :data:`MAX_PIPELINED` requests of a connection read and not yet handled
+  by the app (the app is wrapped by :meth:`ConnectionGuard.watch` to tell the guard when it has
+  handled one), else the connection is closed.
 
-Every answer of the guard is a short problem+json with ``Connection: close``, and the connection
-is closed after it. When another answer may be under way on the connection (a pipelined request
-is still being answered), it is closed without one, so that no answer lands in another's place.
+A request the parser cannot read gets a 400 from the guard. Every answer of the guard is a short
+problem+json with ``Connection: close``, and the connection is closed after it. When another
+answer may be under way on the connection (a pipelined request is still being answered), it is
+closed without one, so that no answer lands in another's place.
 
 Each connection is a :class:`GuardedConnection` that wraps uvicorn's protocol by composition: it
 follows the request boundaries with its own ``httptools.HttpRequestParser`` (the parser uvicorn's
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import httptools
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from receivers.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
 
@@ -61,6 +66,12 @@ MAX_SPLITS = 8
 """Blank lines inside a chunked body tried as its end, per read. A read with more (a body made of
 blank lines) is followed in one piece, and a request beginning in it is then judged by the size of
 the whole rest of the read (the exact size of its head is unknown)."""
+
+MAX_PIPELINED = 16
+"""Requests of one connection read but not yet handled by the app (pipelined). uvicorn reads and
+queues every pipelined request of a read, so a client that sends thousands and reads none of the
+answers would make the server hold them all (15 MB of them took 850 MB); past this, the
+connection is closed. Clients seldom pipeline at all."""
 
 EVICTION_SCAN = 64
 """How many of the oldest waiting connections are looked at for one that can be closed."""
@@ -97,6 +108,7 @@ TOO_MANY_HEADERS = _answer(
     431, "Request Header Fields Too Large", "The request has more header fields than allowed."
 )
 TIMED_OUT = _answer(408, "Request Timeout", "The request did not arrive in time.")
+MALFORMED = _answer(400, "Bad Request", "The request is not valid HTTP/1.1.")
 BUSY = _answer(503, "Service Unavailable", "The server has too many connections.", "Retry-After: 1")
 
 
@@ -148,6 +160,24 @@ class ConnectionGuard:
         self.idle: Slot = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.by_peer: dict[tuple[str, int], GuardedConnection] = {}
+        """Open connections by the client address the app sees (``scope["client"]``)."""
+
+    def watch(self, app: ASGIApp) -> ASGIApp:
+        """``app``, telling each connection when the app has handled one of its requests (what
+        bounds pipelining; see :data:`MAX_PIPELINED`)."""
+        connections = self.by_peer
+
+        async def watched(scope: Scope, receive: Receive, send: Send) -> None:
+            client = scope.get("client")
+            connection = connections.get(client) if client is not None else None
+            try:
+                await app(scope, receive, send)
+            finally:
+                if connection is not None:
+                    connection.handled += 1
+
+        return watched
 
     def protocol_factory(self, inner: ProtocolFactory) -> ProtocolFactory:
         """What uvicorn's ``http`` option is given: a guarded ``inner`` protocol per connection
@@ -212,6 +242,8 @@ class ConnectionGuard:
         if connection.slot is not None:
             del connection.slot[connection]
             connection.slot = None
+        if connection.peer is not None and self.by_peer.get(connection.peer) is connection:
+            del self.by_peer[connection.peer]
         self.active -= 1
 
     def now(self) -> float:
@@ -270,6 +302,9 @@ class GuardedConnection(asyncio.Protocol):
         self.awaiting_answer = False  # a request was read and nothing written since
         self.answered = False  # something was written since the current head ended
         self.requests = 0
+        self.completed = 0  # requests read whole
+        self.handled = 0  # requests the app has handled (see ConnectionGuard.watch)
+        self.peer: tuple[str, int] | None = None
         self.head_bytes = 0
         self.headers = 0
         self.content_length: bytes | None = None
@@ -287,6 +322,9 @@ class GuardedConnection(asyncio.Protocol):
             self.transport.close()
             return
         self.guard.place(self)
+        self.peer = client_address(self.transport)
+        if self.peer is not None:
+            self.guard.by_peer[self.peer] = self
         self.inner = self.make_inner(**self.options)
         self.inner.connection_made(GuardedTransport(self.transport, self))
 
@@ -297,10 +335,8 @@ class GuardedConnection(asyncio.Protocol):
             refusal = self.follow(data)
         except httptools.HttpParserUpgrade:
             refusal = None  # the rest of this read is no HTTP: uvicorn's parser stops there too
-        except httptools.HttpParserError:
-            self.inner.data_received(data)  # uvicorn's parser fails alike and answers 400
-            if not self.closed:
-                self.close(None)
+        except httptools.HttpParserError:  # uvicorn's parser would fail alike (plain-text 400)
+            self.close(MALFORMED if self.can_answer() else None)
             return
         if refusal is not None:
             self.close(refusal or None)
@@ -366,6 +402,8 @@ class GuardedConnection(asyncio.Protocol):
             else:
                 splits += 1
             feed(view[pos:stop])
+            if self.completed - self.handled > MAX_PIPELINED:
+                return b""  # answers are under way: closed without one
             if self.headers > self.max_headers:
                 return TOO_MANY_HEADERS if not (awaiting or self.paused) else b""
             if end < 0:
@@ -383,6 +421,8 @@ class GuardedConnection(asyncio.Protocol):
         rest = len(view) - pos
         self.feed(view[pos:])
         self.tail = bytes(view[-3:])
+        if self.completed - self.handled > MAX_PIPELINED:
+            return b""
         if self.requests == requests:
             return None
         if rest > self.max_header_bytes or self.headers > self.max_headers:
@@ -436,6 +476,7 @@ class GuardedConnection(asyncio.Protocol):
         self.body_left = int(length) if length and length.isdigit() and not self.chunked else None
 
     def on_message_complete(self) -> None:
+        self.completed += 1
         self.phase = WAITING
         self.moved = True
         self.awaiting_answer = not self.answered
@@ -479,6 +520,14 @@ class GuardedConnection(asyncio.Protocol):
         self.transport.close()
 
 
+def client_address(transport: asyncio.BaseTransport) -> tuple[str, int] | None:
+    """The client's address as uvicorn puts it in ``scope["client"]`` (host, port)."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return (str(peer[0]), int(peer[1]))
+    return None
+
+
 class GuardedTransport(asyncio.Transport):
     """The transport uvicorn's protocol is given: the connection's own, which also tells the
     guard when an answer is written and when reading is held up."""
@@ -489,6 +538,8 @@ class GuardedTransport(asyncio.Transport):
         self.connection = connection
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.transport.is_closing():
+            return  # the guard or the client closed it: the answer has nobody to reach
         connection = self.connection
         connection.answered = True
         if connection.awaiting_answer:

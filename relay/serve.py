@@ -31,6 +31,9 @@ GC_YOUNG_THRESHOLD = 20_000
 OTHER_FILES = 256
 """Open files kept for everything but client connections: the database and its writer process,
 the embedded worker's outgoing connections (up to 200), logs, Redis."""
+SHUTDOWN_SECONDS = 10
+"""How long a stop waits for requests under way before it cancels them (a request whose event
+was committed is then answered as a duplicate when the platform retries it)."""
 CONNECTIONS_WITHOUT_LIMIT = 10_000
 """The connection cap where the system has no open-files limit to derive it from (Windows)."""
 
@@ -77,7 +80,7 @@ def server_config(
     bounds what a client may hold before it is authenticated; see ``relay.connection_guard``)."""
     guard = ConnectionGuard(edge_limits(settings))
     return uvicorn.Config(
-        app,
+        guard.watch(app),
         host=host,
         port=port,
         http=guard.protocol_factory(HttpToolsProtocol),  # type: ignore[arg-type]
@@ -87,6 +90,8 @@ def server_config(
         proxy_headers=False,  # X-Forwarded-For is judged by trusted_proxies, per source
         server_header=False,
         lifespan="on",
+        # a request still coming in (a stranger's slow body) does not hold a stop up beyond this
+        timeout_graceful_shutdown=SHUTDOWN_SECONDS,
     )
 
 

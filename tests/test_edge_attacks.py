@@ -28,7 +28,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from relay.connection_guard import ConnectionGuard, EdgeLimits
-from relay.serve import server_config
+from relay.serve import SHUTDOWN_SECONDS, server_config
 from relay.settings import Settings, SettingsError, load_settings
 from relay.simulator import factories
 from tests.conftest import TOKEN
@@ -233,6 +233,64 @@ def test_stalled_connections_beyond_the_fd_limit_leave_room_for_callbacks(
         for sock in stalled:
             sock.close()
         stop(process)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_pipelined_requests_whose_answers_are_never_read_are_cut_off(tmp_path: Path) -> None:
+    """uvicorn reads and queues every pipelined request: 15 MB of them, sent by a client that
+    reads no answer, took 850 MB. The guard closes a connection past 16 unhandled requests."""
+    process, port = start_server(tmp_path, LIMITS)
+    try:
+        before = rss_bytes(process.pid)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(READ_TIMEOUT)
+        sock.connect(("127.0.0.1", port))
+        block = b"GET /healthz HTTP/1.1\r\nHost: relay.test\r\n\r\n" * 1900
+        sent, limit, deadline = 0, 8 << 20, time.monotonic() + 10
+        with contextlib.suppress(OSError):  # the server closes: a broken pipe or a reset
+            while sent < limit and time.monotonic() < deadline:
+                sent += sock.send(block)
+        sock.close()
+        assert sent < limit
+        assert rss_bytes(process.pid) - before < 32 << 20
+        assert valid_callback(port) == 200
+    finally:
+        stop(process)
+    log = (tmp_path / "server.log").read_text()
+    assert "Traceback" not in log
+    assert "ERROR" not in log
+
+
+def test_a_request_the_parser_cannot_read_gets_a_400_problem(server: tuple[int, int]) -> None:
+    port, _ = server
+    for head in (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+        b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\x00y\r\n\r\n",
+    ):
+        with connect(port) as sock:
+            sock.sendall(head)
+            answer = read_until_closed(sock)
+        assert status_of(answer) == 400, head
+        assert b"application/problem+json" in answer
+    assert valid_callback(port) == 200
+
+
+@pytest.mark.slow
+def test_a_stop_waits_for_a_strangers_slow_body_no_longer_than_the_shutdown_cap(
+    tmp_path: Path,
+) -> None:
+    """A body that would take a minute (body_timeout) does not hold SIGTERM up that long."""
+    process, port = start_server(tmp_path, 'body_timeout = "60s"\n')
+    with connect(port) as sock:
+        body = callback()
+        sock.sendall(post(DLR, body)[: -len(body) // 2])
+        time.sleep(0.2)  # let the server start reading it
+        started = time.monotonic()
+        process.terminate()
+        process.wait(timeout=30)
+    assert time.monotonic() - started < SHUTDOWN_SECONDS + 5
 
 
 def test_keep_alive_and_pipelined_requests_then_a_stalled_head(server: tuple[int, int]) -> None:
