@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -224,6 +225,16 @@ async def test_legacy_dlr_scenario_over_get_is_stored_as_sent(engine: AsyncEngin
     assert {stat for _, stat in sent} >= {"buffered", "delivered"}
 
 
+def token_server(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A real `relay serve` on a free port: the default source by token, database r.db."""
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'database_url = "sqlite:///{tmp_path / "r.db"}"\n[sources.default]\ntoken = "{TOKEN}"\n'
+    )
+    port = free_port()
+    return start_server(config, port, tmp_path / "server.log"), port
+
+
 async def _stored_events(database: Path) -> list[Any]:
     engine = create_engine(f"sqlite:///{database}")
     try:
@@ -235,12 +246,7 @@ async def _stored_events(database: Path) -> list[Any]:
 def test_legacy_dlr_from_the_cli_and_the_platform_fixture_against_a_real_server(
     tmp_path: Path, platform: PlatformSimulator
 ) -> None:
-    config = tmp_path / "relay.toml"
-    config.write_text(
-        f'database_url = "sqlite:///{tmp_path / "r.db"}"\n[sources.default]\ntoken = "{TOKEN}"\n'
-    )
-    port = free_port()
-    server = start_server(config, port, tmp_path / "server.log")
+    server, port = token_server(tmp_path)
     try:
         url = f"http://127.0.0.1:{port}/hooks?token={TOKEN}"
         ran = CliRunner().invoke(
@@ -285,12 +291,7 @@ def test_cli_list_and_json_run_against_a_real_server(tmp_path: Path) -> None:
     assert listed.exit_code == 0
     assert [line.split()[0] for line in listed.output.splitlines()] == list(SCENARIOS)
 
-    config = tmp_path / "relay.toml"
-    config.write_text(
-        f'database_url = "sqlite:///{tmp_path / "r.db"}"\n[sources.default]\ntoken = "{TOKEN}"\n'
-    )
-    port = free_port()
-    server = start_server(config, port, tmp_path / "server.log")
+    server, port = token_server(tmp_path)
     try:
         url = f"http://127.0.0.1:{port}/hooks?token={TOKEN}"
         ran = CliRunner().invoke(
