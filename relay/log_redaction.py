@@ -1,4 +1,6 @@
-"""Keep secrets out of logs: the URL token is masked in access log lines."""
+"""What reaches the logs: URL tokens are masked in access log lines, and warnings that any
+stranger can trigger at will (a WebSocket or h2c upgrade request, which `relay serve` does not
+serve) are dropped, so that nobody can flood the log."""
 
 from __future__ import annotations
 
@@ -34,7 +36,20 @@ class RedactTokens(logging.Filter):
         return True
 
 
+UNSERVED_UPGRADE = ("Unsupported upgrade request", "No supported WebSocket library detected")
+"""The starts of uvicorn's warnings for an upgrade request (two per request)."""
+
+
+class DropUpgradeWarnings(logging.Filter):
+    """Drops uvicorn's warnings about upgrade requests: no receiver speaks WebSocket or h2c,
+    the request is answered as plain HTTP/1.1, and a client could send thousands a second."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(UNSERVED_UPGRADE))
+
+
 def install(logger_names: tuple[str, ...] = ("uvicorn.access", "uvicorn.error")) -> None:
-    """Attach the filter to the loggers that print request URLs."""
+    """Attach the filters to uvicorn's loggers."""
     for name in logger_names:
         logging.getLogger(name).addFilter(RedactTokens())
+    logging.getLogger("uvicorn.error").addFilter(DropUpgradeWarnings())

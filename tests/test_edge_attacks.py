@@ -262,6 +262,24 @@ def test_pipelined_requests_whose_answers_are_never_read_are_cut_off(tmp_path: P
     assert "ERROR" not in log
 
 
+def test_upgrade_requests_are_answered_without_a_log_line_each(tmp_path: Path) -> None:
+    """No receiver speaks WebSocket or h2c: such requests are plain HTTP/1.1 to us, and a
+    stranger sending thousands must not write two warnings for each."""
+    process, port = start_server(tmp_path, LIMITS)
+    try:
+        for upgrade in ("websocket", "h2c") * 10:
+            with connect(port) as sock:
+                sock.sendall(
+                    b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close, Upgrade\r\n"
+                    + f"Upgrade: {upgrade}\r\n\r\n".encode()
+                )
+                assert status_of(read_until_closed(sock)) == 200
+        assert valid_callback(port) == 200
+    finally:
+        stop(process)
+    assert "upgrade" not in (tmp_path / "server.log").read_text().lower()
+
+
 def test_a_request_the_parser_cannot_read_gets_a_400_problem(server: tuple[int, int]) -> None:
     port, _ = server
     for head in (
