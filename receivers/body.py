@@ -111,8 +111,7 @@ def query_as_payload(
             continue
         key_bytes, _, value_bytes = pair.partition(b"=")
         try:
-            key = unquote_to_bytes(key_bytes.replace(b"+", b" ")).decode("utf-8")
-            value = unquote_to_bytes(value_bytes.replace(b"+", b" ")).decode("utf-8")
+            key, value = _unquote(key_bytes).decode("utf-8"), _unquote(value_bytes).decode("utf-8")
         except UnicodeDecodeError:
             raise Undecodable("A query parameter is not UTF-8 once percent-decoded.") from None
         if key == leave_out:
@@ -128,6 +127,19 @@ def query_as_payload(
                 pass
         payload[key] = value
     return payload
+
+
+def query_without(query_string: bytes, name: str) -> bytes:
+    """The raw query string, byte for byte, less the parameter ``name`` however its key is
+    encoded (the token: a secret is never stored)."""
+    unwanted = name.encode()
+    pairs = query_string.split(b"&")
+    return b"&".join(pair for pair in pairs if _unquote(pair.partition(b"=")[0]) != unwanted)
+
+
+def _unquote(part: bytes) -> bytes:
+    """A query key or value as the bytes it stands for (``+`` is a space)."""
+    return unquote_to_bytes(part.replace(b"+", b" "))
 
 
 def _check_structure(text: str) -> None:

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 from pydantic import ValidationError
 from starlette.datastructures import URL, Headers, QueryParams
@@ -25,7 +24,7 @@ from receivers.auth import (
     check_signature,
     client_address,
 )
-from receivers.body import Undecodable, decode_json, query_as_payload, read_body
+from receivers.body import Undecodable, decode_json, query_as_payload, query_without, read_body
 from receivers.config import ReceiverConfig
 from receivers.dedup import dedup_key
 from receivers.kinds import Kind
@@ -145,7 +144,7 @@ class HookEndpoint:
         check_credentials(self.source, headers, query)
 
         if is_get:
-            raw = _query_without_token(query_string)
+            raw = query_without(query_string, TOKEN_PARAM)
             content_type = None
             try:
                 data: Any = query_as_payload(
@@ -300,13 +299,3 @@ def _field_errors(exc: ValidationError) -> list[dict[str, Any]]:
         }
         for error in exc.errors(include_url=False, include_input=False)
     ]
-
-
-def _query_without_token(query_string: bytes) -> bytes:
-    """The raw query string, byte for byte, less the token (a secret is never stored)."""
-    kept = [
-        pair
-        for pair in query_string.split(b"&")
-        if unquote_to_bytes(pair.partition(b"=")[0].replace(b"+", b" ")) != TOKEN_PARAM.encode()
-    ]
-    return b"&".join(kept)
