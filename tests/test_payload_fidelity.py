@@ -430,6 +430,17 @@ def _at(payload: Any, path: str) -> Any:
     return payload
 
 
+async def assert_stored(
+    engine: AsyncEngine, answer: httpx.Response, expected: dict[str, Any]
+) -> None:
+    """The answer accepted its callback, stored with ``expected`` at each dotted path."""
+    assert answer.status_code == 200, answer.text
+    stored = await queries.get_event(engine, answer.json()["id"])
+    assert stored is not None
+    got = {key: _at(stored.payload, key) for key in expected}
+    assert same(got, expected), got
+
+
 @pytest.mark.parametrize(("path", "sent", "expected"), E2E, ids=[c[0] for c in E2E])
 async def test_the_receiver_stores_values_as_the_rule_says(
     client: httpx.AsyncClient,
@@ -439,12 +450,7 @@ async def test_the_receiver_stores_values_as_the_rule_says(
     expected: dict[str, Any],
 ) -> None:
     answer = await client.post(f"{path}?token={TOKEN}", json=sent)
-
-    assert answer.status_code == 200, answer.text
-    stored = await queries.get_event(engine, answer.json()["id"])
-    assert stored is not None
-    got = {key: _at(stored.payload, key) for key in expected}
-    assert same(got, expected), got
+    await assert_stored(engine, answer, expected)
 
 
 @pytest.mark.parametrize(
@@ -476,11 +482,7 @@ async def test_get_callbacks_keep_what_a_lossless_conversion_cannot_give(
     expected: dict[str, Any],
 ) -> None:
     answer = await client.get(f"{path}?token={TOKEN}&{urlencode(query)}")
-
-    assert answer.status_code == 200, answer.text
-    stored = await queries.get_event(engine, answer.json()["id"])
-    assert stored is not None
-    assert same({key: stored.payload[key] for key in expected}, expected)
+    await assert_stored(engine, answer, expected)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from freezegun import freeze_time
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -225,6 +225,15 @@ async def test_legacy_dlr_scenario_over_get_is_stored_as_sent(engine: AsyncEngin
     assert {stat for _, stat in sent} >= {"buffered", "delivered"}
 
 
+def all_answered(ran: Result) -> dict[str, Any]:
+    """The JSON report of a `relay simulate` run in which every callback got its 200."""
+    assert ran.exit_code == 0, ran.output
+    report: dict[str, Any] = json.loads(ran.stdout)
+    summary = report["summary"]
+    assert summary["given_up"] == 0 and summary["answers"] == {"200": summary["attempts"]}
+    return report
+
+
 def token_server(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
     """A real `relay serve` on a free port: the default source by token, database r.db."""
     config = tmp_path / "relay.toml"
@@ -262,10 +271,8 @@ def test_legacy_dlr_from_the_cli_and_the_platform_fixture_against_a_real_server(
         server.terminate()
         server.wait(timeout=30)
 
-    assert ran.exit_code == 0, ran.output
-    report = json.loads(ran.stdout)
+    report = all_answered(ran)
     summary = report["summary"]
-    assert summary["given_up"] == 0 and summary["answers"] == {"200": summary["attempts"]}
     assert fixture.answers == [200]
     events = asyncio.run(_stored_events(tmp_path / "r.db"))
     assert {e.kind for e in events} == {"sms.dlr"} and {e.method for e in events} == {"GET"}
@@ -325,10 +332,8 @@ def test_cli_list_and_json_run_against_a_real_server(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert ran.exit_code == 0, ran.output
-    report = json.loads(ran.stdout)
+    report = all_answered(ran)
     summary = report["summary"]
-    assert summary["given_up"] == 0 and summary["answers"] == {"200": summary["attempts"]}
     assert summary["duplicates_sent"] == summary["events"]
     for attempt in report["attempts"]:
         assert {"event", "attempt", "scheduled_at", "sent_at", "status_code"} <= set(attempt)
