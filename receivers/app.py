@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,17 +24,12 @@ from receivers.metrics import Counters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem
 from receivers.routing import ReceiverApp
-from receivers.store.records import AfterCommit
+from receivers.store.records import AfterCommit, utc_now
 from receivers.store.writer import EventWriter
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 2.0
-
-
-def utc_now() -> datetime:
-    """The default clock."""
-    return datetime.now(UTC)
 
 
 def create_app(
@@ -52,7 +47,9 @@ def create_app(
     the store's writer starts and left after it has stopped (what the hook needs lives there).
     """
     counters = Counters()
-    writer = EventWriter(engine, clock=clock, after_commit=after_commit)
+    writer = EventWriter(
+        engine, clock=clock, after_commit=after_commit, writer_process=config.writer_process
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -22,6 +22,9 @@ class ReceiverConfig:
     sources: Mapping[str, SourceConfig]
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     trusted_proxies: Sequence[Network] = field(default_factory=tuple)
+    writer_process: bool = True
+    """Whether a SQLite file's events are written by a process of their own
+    (:mod:`receivers.store.writer_process`)."""
 
     def __post_init__(self) -> None:
         networks = tuple(

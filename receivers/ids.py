@@ -1,4 +1,9 @@
-"""Time-ordered unique ids (UUID version 7) for stored rows."""
+"""Time-ordered unique ids (UUID version 7) for stored rows.
+
+Hand-written because the ids take the time of the store's clock (the arrival time it stamps on
+the row, injected in tests), which no library at hand accepts: ``uuid-utils`` 1.2.0 is faster
+(0.23 against 0.49 µs per id in batches of 16) but its ``uuid7()`` reads the system clock, and
+``uuid6`` is slower (3.5 µs). The standard library has ``uuid7`` from Python 3.14."""
 
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ A callback at a receiver URL, with one of that URL's methods, is handed straight
 route, and no middleware, ``Request`` or ``Response`` in between. Anything else (other paths,
 other methods, HEAD, a trailing slash, a ``root_path``, added middleware) takes Starlette's usual
 way, where the same endpoints are mounted as plain routes, so every answer stays the same.
+
+A speed trick: the server's event loop is the ingest's bottleneck, and this keeps its work per
+callback near the endpoint's own (see docs/performance.md, Ingest; measured with
+``scripts/bench_ingest.py``). To turn it off, add any middleware to the app: every request then
+takes Starlette's way. Nothing outside this module and the app factory knows of it.
 """
 
 from __future__ import annotations

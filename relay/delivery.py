@@ -17,11 +17,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from receivers.store import Coalescer
 from relay import outbox
 from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
 from relay.destinations import Destination, Outbound, Outcome
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
-from relay.grouping import Coalescer
 from relay.outbox import AttemptRecord, AttemptResult, Claim, Due
 from relay.policies import Policy, retry_after_bounded
 from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
@@ -64,7 +64,7 @@ class Deliverer:
     claim; a batch (:meth:`attempt_many`) is claimed up front and each of its attempts waits at
     most half the lease margin for a slot, so no lease runs out before its attempt ends. The
     claims, records and releases of concurrent attempts share transactions
-    (:class:`~relay.grouping.Coalescer`)."""
+    (:class:`~receivers.store.coalescer.Coalescer`)."""
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from redis.exceptions import RedisError
 
-from receivers.app import utc_now
+from receivers.store import utc_now
 from relay.destinations.errors import describe_error, without_credentials
 from relay.outbox import Due
 from relay.settings import SettingsError

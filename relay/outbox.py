@@ -18,9 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.ids import new_id
-from receivers.store.sqlite_rows import sqlite_insert_many
-from receivers.store.tables import ReceivedEvent
+from receivers.store import ReceivedEvent, insert_rows, new_id
 from relay.router import Router
 from relay.tables import (
     DEAD,
@@ -114,8 +112,7 @@ async def route_events(
     """Create one delivery per matching destination and mark the events routed, atomically.
     Idempotent: an event routed twice (hook and sweeper racing) gets its deliveries once.
 
-    Each insert is one statement for all rows: a parameter list (compiled once, not per batch)
-    on PostgreSQL, one multi-row statement on SQLite (see ``sqlite_insert_many``). Every
+    The rows go in with the store's :func:`~receivers.store.insert_rows`. Every
     :data:`JOB_BATCH` new deliveries share one batch job id (kept in ``job_id``), so that their
     first attempts cost one arq job, not one each."""
     if not events:
@@ -145,22 +142,11 @@ async def route_events(
             row["job_id"] = job
     ids = [row["id"] for row in rows]
     async with engine.begin() as conn:
-        if conn.dialect.name == "sqlite":
-            created = await sqlite_insert_many(conn, DELIVERIES, rows, ["event_id", "destination"])
-            if created < len(ids):
-                query = select(DELIVERIES.c.id).where(DELIVERIES.c.id.in_(ids))
-                ids = list((await conn.execute(query)).scalars())
-            await sqlite_insert_many(conn, ROUTED, markers, ["event_id"])
-        else:
-            if rows:
-                deliveries = (
-                    _insert(conn, DELIVERIES)
-                    .on_conflict_do_nothing(index_elements=["event_id", "destination"])
-                    .returning(DELIVERIES.c.id)
-                )
-                ids = list((await conn.execute(deliveries, rows)).scalars())
-            routed = _insert(conn, ROUTED).on_conflict_do_nothing(index_elements=["event_id"])
-            await conn.execute(routed, markers)
+        created = await insert_rows(conn, DELIVERIES, rows, ["event_id", "destination"])
+        if created < len(ids):
+            query = select(DELIVERIES.c.id).where(DELIVERIES.c.id.in_(ids))
+            ids = list((await conn.execute(query)).scalars())
+        await insert_rows(conn, ROUTED, markers, ["event_id"])
     created_ids = set(ids)
     return [Due(row["id"], 0, now, row["job_id"]) for row in rows if row["id"] in created_ids]
 

@@ -16,9 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
 from receivers import DEFAULT_SOURCE, create_app
-from receivers.app import utc_now
 from receivers.config import ReceiverConfig
-from receivers.store.engine import create_engine
+from receivers.store import create_engine, utc_now
 from relay import migrate
 from relay.bootstrap import generated_token, token_source
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
@@ -150,6 +149,7 @@ async def start(settings: Settings) -> Runtime:
             sources=sources,
             max_body_bytes=settings.max_body_bytes,
             trusted_proxies=tuple(settings.trusted_proxies),
+            writer_process=settings.writer_process,
         )
     except BaseException:
         await engine.dispose()

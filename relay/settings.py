@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     """How long a request's body may take to arrive after its head (else 408, or a close)."""
     max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
     """Client connections served at once; unset: derived from the open-files limit."""
+    writer_process: bool = True
+    """A SQLite file's events are written by a process of its own (a speed trick; off: by the
+    server's own process, as for PostgreSQL)."""
 
     @field_validator("sources")
     @classmethod

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import Column, ForeignKey, Index, String, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from receivers.store.tables import UTCDateTime
+from receivers.store import UTCDateTime
 
 PENDING = "pending"
 SUCCEEDED = "succeeded"

@@ -84,10 +84,7 @@ from benchlib import (
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.app import utc_now
-from receivers.ids import new_id
-from receivers.store.engine import create_engine
-from receivers.store.sqlite_batches import EVENT_COLUMNS
+from receivers.store import ReceivedEvent, create_engine, new_id, utc_now
 from relay import outbox
 from relay.jobs import QUEUE_NAME
 from relay.router import PLATFORM_POLICY, Router
@@ -111,6 +108,7 @@ KIND_BY_PATH = {
     "/conversations": "conversations.status",  # KIND_MIX only sends MessageStatus events there
     "/tts/events": "tts.event",
 }
+EVENT_COLUMNS = [column.name for column in ReceivedEvent.__table__.columns]
 ROUTED_COLUMNS = ["event_id", "routed_at", "deliveries"]
 DELIVERY_COLUMNS = [
     "id",
@@ -432,7 +430,7 @@ async def copy_rows(
     try:
         async with conn.transaction():
             await conn.copy_records_to_table(
-                "received_events", records=events, columns=list(EVENT_COLUMNS)
+                "received_events", records=events, columns=EVENT_COLUMNS
             )
             await conn.copy_records_to_table(
                 "routed_events", records=routed, columns=ROUTED_COLUMNS

@@ -1,7 +1,8 @@
-"""WAL checkpoints: taken beside the batch writer, not in its commits."""
+"""WAL checkpoints: taken beside the writer process, not in its commits."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 from pathlib import Path
@@ -9,10 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store.rows import BatchRows
-from receivers.store.sqlite_batches import SqliteBatchWriter
-from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
-from tests.test_sqlite_batches import batch, event_rows
+from receivers.store.wal_checkpoints import WalCheckpointer
+from receivers.store.writer_process import ProcessLane
+from tests.store_support import NOW, arrival, eventually
 
 ROW_BYTES = 8192
 
@@ -107,34 +107,27 @@ def test_a_failed_checkpoint_is_logged_and_the_next_one_tried_again(
         checkpoints.close()
 
 
-def big_batch(name: str, count: int) -> BatchRows:
-    """``count`` new events of a little more than ROW_BYTES each."""
-    rows = event_rows(*(f"{name}-{index}" for index in range(count)))
-    for row in rows:
-        row["raw_body"] = row["raw_body"] + b" " * ROW_BYTES
-    return batch(rows)
-
-
-def test_the_batch_writer_leaves_checkpoints_to_its_checkpointer(
+async def test_the_writer_process_checkpoints_in_the_background(
     sqlite_engine: AsyncEngine,
 ) -> None:
+    """The writer process copies its commits into the database file as it goes (a few hundred
+    pages here, well below SQLite's own threshold of 1,000, at which a commit would do it)."""
     database = Path(str(sqlite_engine.url.database))
-    clock = StoppedClock()
-    checkpoints = WalCheckpointer(str(database), interval=60, clock=clock)
-    writer = SqliteBatchWriter(str(database), checkpoints)
+    lane = ProcessLane(str(database), clock=lambda: NOW, on_stored=lambda _events: None)
+    await lane.start()
     try:
-        writer.write(big_batch("first", 1))  # the first commit starts a checkpoint at once
-        checkpoints.wait()
-        after_first = database.stat().st_size
+        before = database.stat().st_size
+        body = b"x" * ROW_BYTES
+        await asyncio.gather(
+            *(lane.submit(arrival(f"big{index}", raw_body=body)) for index in range(100))
+        )
 
-        for number in range(20):  # 1,800+ pages: past SQLite's default threshold of 1,000
-            writer.write(big_batch(f"batch-{number}", 30))
-        assert database.stat().st_size == after_first  # no commit copied the log back
-        assert writer.connect().execute("PRAGMA wal_autocheckpoint").fetchone() == (BACKSTOP_PAGES,)
+        async def copied() -> bool:
+            # each commit lets the checkpointer run again, at most every 0.1 s
+            await lane.submit(arrival("small"))
+            return database.stat().st_size >= before + 100 * ROW_BYTES
 
-        clock.now += 60
-        writer.write(big_batch("last", 1))
-        checkpoints.wait()
-        assert database.stat().st_size >= after_first + 20 * 30 * ROW_BYTES
+        await eventually(copied)
+        assert Path(f"{database}-wal").exists()  # the log is still in use: no connection closed
     finally:
-        writer.close()
+        await lane.close()

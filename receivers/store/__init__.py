@@ -1,1 +1,25 @@
-"""The store of received events: tables, engine set-up and the group-commit writer."""
+"""The store: the tables every part of callback-relay shares, and the one way rows are written.
+
+The receivers write events through :class:`~receivers.store.writer.EventWriter`; the relay
+(which keeps its own tables in ``relay/tables.py`` and the migrations of both in
+``relay/migrations/``) uses only the names below."""
+
+from receivers.ids import new_id
+from receivers.store.batches import insert_rows
+from receivers.store.coalescer import Coalescer
+from receivers.store.engine import create_engine
+from receivers.store.records import Clock, StoredEvent, utc_now
+from receivers.store.tables import ReceivedEvent, RejectedBody, UTCDateTime
+
+__all__ = [
+    "Clock",
+    "Coalescer",
+    "ReceivedEvent",
+    "RejectedBody",
+    "StoredEvent",
+    "UTCDateTime",
+    "create_engine",
+    "insert_rows",
+    "new_id",
+    "utc_now",
+]

@@ -1,16 +1,18 @@
-"""Async engine construction: URL normalisation and SQLite durability pragmas."""
+"""Async engine construction: URL normalisation, SQLite durability pragmas, the JSON encoder."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from pydantic_core import PydanticSerializationError, to_json
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from receivers.store.sqlite_files import CONNECT_TIMEOUT_SECONDS, apply_pragmas
-
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+CONNECT_TIMEOUT_SECONDS = 5
+"""How long a connection waits for a lock (and PostgreSQL for a connection) before failing."""
 
 
 def async_database_url(url: str) -> str:
@@ -29,16 +31,15 @@ def create_engine(url: str, **options: Any) -> AsyncEngine:
     acknowledged event survives a crash or a power loss."""
     full_url = async_database_url(url)
     backend = make_url(full_url).get_backend_name()
-    if backend == "sqlite":
-        options.setdefault("connect_args", {"timeout": CONNECT_TIMEOUT_SECONDS})
-        engine = create_async_engine(full_url, **options)
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        return engine
+    options.setdefault("json_serializer", json_text)
+    options.setdefault("connect_args", {"timeout": CONNECT_TIMEOUT_SECONDS})
     if backend == "postgresql":
-        options.setdefault("connect_args", {"timeout": CONNECT_TIMEOUT_SECONDS})
         options.setdefault("pool_pre_ping", True)
         options.setdefault("pool_size", 10)
-    return create_async_engine(full_url, **options)
+    engine = create_async_engine(full_url, **options)
+    if backend == "sqlite":
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+    return engine
 
 
 def sqlite_file(engine: AsyncEngine) -> str | None:
@@ -51,5 +52,22 @@ def sqlite_file(engine: AsyncEngine) -> str | None:
     return None
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    apply_pragmas(dbapi_connection)
+def json_text(value: Any) -> str:
+    """A JSON column's text: pydantic-core's encoder (a few times faster than ``json.dumps``,
+    compact, UTF-8, NaN and Infinity as ``json.dumps`` writes them), or ``json.dumps`` for what
+    it cannot encode (lone surrogates). Both read back as the same value."""
+    try:
+        return to_json(value).decode()
+    except PydanticSerializationError:
+        return json.dumps(value)
+
+
+def sqlite_pragmas(dbapi_connection: Any, _record: Any = None) -> None:
+    """WAL, ``synchronous=FULL`` (an acknowledged event survives a crash or a power loss), the
+    busy timeout and foreign keys, on every connection to SQLite."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute(f"PRAGMA busy_timeout={CONNECT_TIMEOUT_SECONDS * 1000}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 IDENTITY_COLUMNS = ("source", "kind", "dedup_key")
@@ -51,6 +51,10 @@ class Rejection:
     remote_addr: str | None
 
 
+Item = Arrival | Rejection
+"""What the receivers hand to the store's writer."""
+
+
 @dataclass(frozen=True)
 class Receipt:
     """The stored event's id; ``duplicate`` when it had been stored before."""
@@ -75,6 +79,11 @@ OnStored = Callable[[list[StoredEvent]], None]
 """How a lane of the event writer reports the newly stored events of a batch."""
 Clock = Callable[[], datetime]
 """The writer's clock: the time of arrival it gives events (UTC, timezone-aware)."""
+
+
+def utc_now() -> datetime:
+    """The default clock."""
+    return datetime.now(UTC)
 
 
 def body_hash(raw_body: bytes) -> str:

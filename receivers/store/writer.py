@@ -2,16 +2,11 @@
 commit, and the newly stored ones handed to the after-commit hook.
 
 Requests hand their item to :class:`EventWriter` and wait. The writer's lane writes them in
-batches, one transaction and one commit each, and wakes every waiter once its batch is committed
-(group commit: durable commits stay cheap however many requests come at once). A duplicate (same
-source, kind and dedup key) is never inserted twice, also when copies arrive in the same batch or
-in another process: the unique constraint decides and the copy is counted on the stored row. The
-lane depends on the database (:func:`open_lane`):
-
-* a SQLite file: :class:`~receivers.store.process_lane.ProcessLane`, a process of its own that
-  writes the batches, so that the event loop never waits for the disk nor a writer for the GIL;
-* any other database: :class:`~receivers.store.group_commit.GroupCommit`, batches written by
-  this process on the engine.
+groups, one transaction and one commit each (:mod:`receivers.store.coalescer`, written by
+:func:`~receivers.store.batches.write_items`), and wakes every waiter once its group is
+committed: durable commits stay cheap however many requests come at once. The lane
+(:func:`open_lane`) is :class:`EngineLane`, in this process, or for a SQLite file the writer's
+own process (:mod:`receivers.store.writer_process`, a speed trick that can be turned off).
 
 The after-commit hook gets the new events after their callers were woken, in commit order, one
 call at a time, beside the writer: with ``hook_batch`` events, or with fewer once the oldest has
@@ -25,15 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store.batch_stores import SqlAlchemyStore
+from receivers.store.batches import Answer, Item, stored_events, write_items
+from receivers.store.coalescer import Coalescer
 from receivers.store.engine import sqlite_file
-from receivers.store.group_commit import GroupCommit
-from receivers.store.process_lane import ProcessLane
 from receivers.store.records import (
     AfterCommit,
     Arrival,
@@ -44,7 +38,7 @@ from receivers.store.records import (
     StoredEvent,
     StoreUnavailable,
 )
-from receivers.store.rows import Item
+from receivers.store.writer_process import ProcessLane
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +50,7 @@ HOOK_BUSY_EVENTS = 256
 HOOK_INTERVAL_SECONDS = 0.2
 """After a call of ``HOOK_BUSY_EVENTS`` or more, the next one begins no sooner than this after
 it: each call is a transaction of its own, and on SQLite every one of them makes the writer wait
-for the lock (calls every 0.2 s instead of every 0.05 s: 2-3 % more events/s, measured with
-scripts/bench_ingest.py)."""
+for the lock."""
 
 
 class Lane(Protocol):
@@ -78,18 +71,55 @@ class Lane(Protocol):
         ...
 
 
-def open_lane(engine: AsyncEngine, *, clock: Clock, on_stored: OnStored) -> Lane:
-    """A process of its own for a SQLite file (on POSIX systems, where it can take a socket as
-    its input); group commit on the engine otherwise."""
+class EngineLane:
+    """Writes the items on the engine, in this process, in groups."""
+
+    def __init__(self, engine: AsyncEngine, *, clock: Clock, on_stored: OnStored) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._on_stored = on_stored
+        self._group: Coalescer[Item, Receipt | None] = Coalescer(self._write)
+        self._open = False
+
+    async def start(self) -> None:
+        self._open = True
+
+    @property
+    def available(self) -> bool:
+        return self._open
+
+    def submit(self, item: Item) -> asyncio.Future[Any]:
+        if not self._open:
+            raise StoreUnavailable("the event writer is not running")
+        return self._group.put(item)
+
+    async def close(self) -> None:
+        self._open = False
+        await self._group.drain()
+
+    async def _write(self, items: list[Item]) -> list[Answer]:
+        now = self._clock()
+        answers = await write_items(self._engine, items, now)
+        stored = stored_events(items, answers, now)
+        if stored:
+            self._on_stored(stored)
+        return answers
+
+
+def open_lane(
+    engine: AsyncEngine, *, clock: Clock, on_stored: OnStored, writer_process: bool = True
+) -> Lane:
+    """The writer's own process for a SQLite file (on POSIX systems, where it can take a socket
+    as its input) unless ``writer_process`` is off; the engine in this process otherwise."""
     database = sqlite_file(engine)
-    if database is not None and os.name == "posix":
+    if writer_process and database is not None and os.name == "posix":
         return ProcessLane(database, clock=clock, on_stored=on_stored)
-    return GroupCommit(SqlAlchemyStore(engine), clock=clock, on_stored=on_stored)
+    return EngineLane(engine, clock=clock, on_stored=on_stored)
 
 
 class EventWriter:
-    """The writer of one process; see the module docstring. ``lane`` picks what writes the
-    items (:func:`open_lane` by default)."""
+    """The writer of one process; see the module docstring. ``writer_process``: whether a
+    SQLite file gets the writer's own process (:func:`open_lane`)."""
 
     def __init__(
         self,
@@ -101,10 +131,10 @@ class EventWriter:
         hook_delay: float = HOOK_DELAY_SECONDS,
         hook_busy_events: int = HOOK_BUSY_EVENTS,
         hook_interval: float = HOOK_INTERVAL_SECONDS,
-        lane: Callable[..., Lane] = open_lane,
+        writer_process: bool = True,
     ) -> None:
         self._engine = engine
-        self._open_lane = lane
+        self._writer_process = writer_process
         self._clock = clock
         self._after_commit = after_commit
         self._hook_batch = hook_batch
@@ -122,7 +152,12 @@ class EventWriter:
 
     async def start(self) -> None:
         """Open the lane (in the event loop that will use it)."""
-        lane = self._open_lane(self._engine, clock=self._clock, on_stored=self._stored)
+        lane = open_lane(
+            self._engine,
+            clock=self._clock,
+            on_stored=self._stored,
+            writer_process=self._writer_process,
+        )
         await lane.start()
         self._lane = lane
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from receivers.store.engine import create_engine
+from receivers.store import create_engine
 from relay import outbox
 from relay.jobs import JobQueue, open_pool
 from relay.settings import Settings, SettingsError, config_path, load_settings

@@ -9,8 +9,7 @@ from typing import Any
 import click
 
 from receivers.kinds import KINDS_BY_NAME
-from receivers.store import queries
-from receivers.store.tables import ReceivedEvent, RejectedBody
+from receivers.store import ReceivedEvent, RejectedBody, queries
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
 
-    from receivers.store.tables import ReceivedEvent
+    from receivers.store import ReceivedEvent
 
 BodyFormat = Literal["envelope", "raw"]
 """``envelope``: the relay's JSON envelope; ``raw``: the platform's body as received."""

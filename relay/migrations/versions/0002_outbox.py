@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from receivers.store.tables import UTCDateTime
+from receivers.store import UTCDateTime
 
 revision = "0002"
 down_revision = "0001"
