@@ -10,11 +10,18 @@ for ``platform-sms``, after every 100 consecutive failures the destination gets 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import TYPE_CHECKING
+from datetime import datetime, timedelta
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from relay.policies import Policy
+
+class PauseRule(Protocol):
+    """The part of a policy the breaker reads (:class:`relay.policies.Policy` has it)."""
+
+    @property
+    def pause_after(self) -> int | None: ...
+
+    @property
+    def pause_for(self) -> timedelta | None: ...
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,7 @@ def after_success(health: DestinationHealth) -> DestinationHealth:
     return replace(health, consecutive_failures=0, paused_until=None)
 
 
-def after_failure(health: DestinationHealth, policy: Policy, now: datetime) -> DestinationHealth:
+def after_failure(health: DestinationHealth, policy: PauseRule, now: datetime) -> DestinationHealth:
     """An attempt failed at ``now``: count it; every ``pause_after``-th failure pauses."""
     failures = health.consecutive_failures + 1
     paused_until = health.paused_until

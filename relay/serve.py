@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import Callable
 
@@ -26,7 +25,6 @@ except ImportError:  # pragma: no cover - Windows counts no sockets against an o
 
 log = logging.getLogger(__name__)
 
-GC_YOUNG_THRESHOLD = 20_000
 """Allocations between collections of the youngest generation (Python's default: 700)."""
 OTHER_FILES = 256
 """Open files kept for everything but client connections: the database and its writer process,
@@ -60,8 +58,7 @@ async def serve(
         )
         server = uvicorn.Server(config)
         log_redaction.install()
-        config.load()  # import the HTTP protocol and build the app now, before the freeze
-        calm_garbage_collector()
+        config.load()  # import the HTTP protocol and build the app now
         await server.serve()
     finally:
         await runtime.engine.dispose()
@@ -138,15 +135,6 @@ def connections_allowed(open_files: int | None) -> int:
     if open_files is None:  # pragma: no cover
         return CONNECTIONS_WITHOUT_LIMIT
     return max(open_files // 2, open_files - OTHER_FILES - open_files // 10)
-
-
-def calm_garbage_collector() -> None:
-    """Keep the cyclic garbage collector off the request path: what start-up built is frozen
-    (never scanned again), and the youngest generation is collected less often."""
-    gc.collect()
-    gc.freeze()
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
 def print_callback_urls(runtime: Runtime, host: str, port: int) -> None:

@@ -10,12 +10,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-import sniffio
 from arq import func
 from arq.connections import ArqRedis
 from arq.worker import Worker
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 SERVICES = "relay"
 ONE_MICROSECOND = timedelta(microseconds=1)
+SWITCH_INTERVAL_SECONDS = 0.0005
 IDLE_POLL_SECONDS = 1.0
 """The embedded worker's longest wait between polls (what it is not told of waits that long)."""
 
@@ -71,10 +72,6 @@ def build_worker(
 
     async def startup(ctx: dict[str, Any]) -> None:
         nonlocal sweeper_task
-        # The jobs and the sweeper are tasks of this one: tell sniffio (httpcore and anyio ask
-        # it several times per request) the answer, instead of its looking for the running
-        # task each time (a getpid system call apiece on Python 3.11).
-        sniffio.current_async_library_cvar.set("asyncio")
         services = worker_services(settings, engine, pool, clock)
         ctx[SERVICES] = services
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
@@ -117,12 +114,12 @@ class RelayWorker(Worker):
 class EmbeddedWorker(RelayWorker):
     """The same worker on fakeredis, in the server's own event loop.
 
-    fakeredis has no INFO command: arq's ``log_redis_info`` at start-up is replaced by a plain
-    log line. And since every job is enqueued in this process, the worker does not poll while
-    nothing is in sight (fakeredis costs the event loop ~1 ms a poll, which the receivers would
-    pay for): :meth:`wake` (the process's queues call it on every enqueue) polls at once; else
-    it polls when the earliest queued job is due, at ``poll_delay`` while jobs run, and at least
-    every ``idle_poll_seconds``."""
+    Its loop (:meth:`main`) is built from arq's public pieces (``start_jobs``, ``tasks``): it
+    does not log Redis's INFO at start-up (fakeredis has no INFO command), and since every job
+    is enqueued in this process, it does not poll while nothing is in sight (a fakeredis poll
+    costs the event loop ~1 ms, which the receivers would pay for): :meth:`wake` (the process's
+    queues call it on every enqueue) polls at once; else it polls when the earliest queued job
+    is due, at ``poll_delay`` while jobs run, and at least every ``idle_poll_seconds``."""
 
     idle_poll_seconds = IDLE_POLL_SECONDS
 
@@ -144,17 +141,43 @@ class EmbeddedWorker(RelayWorker):
             services.queue.on_enqueue = self.wake  # retries, replays and the sweeper's jobs
         while True:
             self._work_in_sight.clear()
-            await self._poll_iteration()
-            timeout = await self._until_next_poll()  # first: a cancellation here leaves no
+            if self.job_counter < self.max_jobs:
+                now_ms = time.time() * 1000
+                due = await self.pool.zrangebyscore(
+                    self.queue_name, "-inf", now_ms, start=0, num=self.queue_read_limit
+                )
+                await self.start_jobs(due)
+            self._forget_finished()
+            timeout = await self.until_next_poll()  # first: a cancellation here leaves no
             with contextlib.suppress(TimeoutError):  # un-awaited wait() coroutine behind
                 await asyncio.wait_for(self._work_in_sight.wait(), timeout)
 
-    async def _until_next_poll(self) -> float:
+    async def until_next_poll(self) -> float:
+        """Seconds until the next poll (see the class docstring)."""
         if self.tasks:  # jobs run: the next poll may start queued ones (no need to ask Redis)
             return self.poll_delay_s
         earliest = await self.pool.zrange(self.queue_name, 0, 0, withscores=True)
         due_ms = earliest[0][1] if earliest else None
         return idle_wait(due_ms, time.time() * 1000, self.poll_delay_s, self.idle_poll_seconds)
+
+    def _forget_finished(self) -> None:
+        """Drop the jobs that ended from ``tasks``; an error of arq's own surfaces here (a
+        job's errors are arq's to log)."""
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()
+
+
+def shorten_switch_interval(seconds: float = SWITCH_INTERVAL_SECONDS) -> None:
+    """A shorter GIL switch interval for `relay worker` (a speed trick, process-wide).
+
+    The database driver's threads (aiosqlite's, asyncpg needs none) hand every result back
+    through the GIL; at Python's default 5 ms a busy event loop makes each hand-back wait up to
+    that long. At 0.5 ms, ``scripts/bench_relay.py`` went from below to above 0.5 of the bare
+    client (see docs/performance.md). Off: do not call it (``relay worker`` is its only
+    caller)."""
+    sys.setswitchinterval(seconds)
 
 
 def idle_wait(due_ms: float | None, now_ms: float, poll_delay: float, idle_poll: float) -> float:

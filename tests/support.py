@@ -40,6 +40,8 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: bytes
+    peer: str = ""
+    """The client's address and port: one per connection."""
 
 
 class Sink:
@@ -64,7 +66,13 @@ class Sink:
     async def _endpoint(self, request: Request) -> Response:
         body = await request.body()
         self.requests.append(
-            Recorded(request.method, request.url.path, dict(request.headers), body)
+            Recorded(
+                request.method,
+                request.url.path,
+                dict(request.headers),
+                body,
+                f"{request.client.host}:{request.client.port}" if request.client else "",
+            )
         )
         scripted = self.script.get(request.url.path)
         answer = scripted.pop(0) if scripted else self.answers.get(request.url.path, Answer())

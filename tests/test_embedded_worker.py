@@ -52,8 +52,8 @@ class WatchedWorker(EmbeddedWorker):
         super().__init__(*args, **kwargs)
         self.waiting = asyncio.Event()
 
-    async def _until_next_poll(self) -> float:
-        seconds = await super()._until_next_poll()
+    async def until_next_poll(self) -> float:
+        seconds = await super().until_next_poll()
         self.waiting.set()
         return seconds
 
@@ -78,7 +78,7 @@ async def test_an_enqueue_wakes_the_idle_worker() -> None:
     task = asyncio.create_task(worker.async_run())
     try:
         await asyncio.wait_for(worker.waiting.wait(), GUARD_SECONDS)  # polled, found nothing
-        assert await worker._until_next_poll() == 3600.0
+        assert await worker.until_next_poll() == 3600.0
 
         await JobQueue(pool, on_enqueue=worker.wake).enqueue([Due("d1", 0, datetime.now(UTC))])
         await asyncio.wait_for(done.wait(), GUARD_SECONDS)
@@ -86,7 +86,7 @@ async def test_an_enqueue_wakes_the_idle_worker() -> None:
 
         worker.tasks["running"] = asyncio.create_task(asyncio.Event().wait())
         try:
-            assert await worker._until_next_poll() == 0.05  # a job runs: poll at poll_delay
+            assert await worker.until_next_poll() == 0.05  # a job runs: poll at poll_delay
         finally:
             worker.tasks.pop("running").cancel()
     finally:

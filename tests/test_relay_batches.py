@@ -9,18 +9,20 @@ from typing import Any
 
 import httpx
 import pytest
+from arq import func
 from arq.connections import ArqRedis
 from arq.worker import Worker
 from redis.asyncio import Redis
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.store import Coalescer
 from relay import inspect, outbox
 from relay.destinations.http import new_http_client
 from relay.destinations.shards import ShardedTransport
-from relay.grouping import Coalescer
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
 from relay.outbox import DELIVERIES, JOB_BATCH, AttemptRecord, AttemptResult, Due
+from relay.runtime import embedded_pool
 from relay.simulator import factories
 from relay.tables import SUCCEEDED
 from relay.worker import RelayWorker, not_this_job
@@ -49,6 +51,7 @@ async def routed(engine: AsyncEngine, relay: Relay, clock: Clock, count: int) ->
     return await relay.route_all()
 
 
+@pytest.mark.slow
 async def test_first_attempts_share_batch_jobs_on_real_redis(
     engine: AsyncEngine, clock: Clock, relay: Relay, redis: Redis
 ) -> None:
@@ -77,6 +80,7 @@ async def test_first_attempts_share_batch_jobs_on_real_redis(
     assert {d.job for d in swept} == {gone, kept}  # the rows remember their batch job
 
 
+@pytest.mark.slow
 async def test_concurrent_attempts_share_claim_and_record_transactions(
     engine: AsyncEngine,
     clock: Clock,
@@ -110,6 +114,7 @@ async def test_concurrent_attempts_share_claim_and_record_transactions(
     assert all(r["status"] == SUCCEEDED and r["attempts"] == 1 for r in rows)
 
 
+@pytest.mark.slow
 async def test_attempts_without_a_slot_in_time_come_back_as_jobs_of_their_own(
     engine: AsyncEngine, clock: Clock, sink: Sink
 ) -> None:
@@ -139,6 +144,7 @@ async def test_attempts_without_a_slot_in_time_come_back_as_jobs_of_their_own(
         await relay.aclose()
 
 
+@pytest.mark.slow
 async def test_a_lost_lease_fails_only_its_own_record(
     engine: AsyncEngine, clock: Clock, relay: Relay
 ) -> None:
@@ -182,17 +188,17 @@ async def test_coalescer_fails_every_caller_of_a_failed_group() -> None:
     assert await asyncio.gather(coalescer.submit(1), return_exceptions=True)  # still usable
 
 
-async def test_sharded_pools_keep_the_overall_limits_and_spread_connections(sink: Sink) -> None:
-    transport = ShardedTransport(httpx.Limits(max_connections=20, max_keepalive_connections=10))
-    assert transport.shards == 3  # at most 8 connections each: 7 + 7 + 6 >= 20
-    sink.answers["/hook"] = Answer(200, delay=0.05)
+async def test_sharded_pools_keep_the_overall_limits_and_reuse_connections(sink: Sink) -> None:
+    transport = ShardedTransport(httpx.Limits(max_connections=16, max_keepalive_connections=16))
+    assert transport.shards == 2  # at most 8 connections each
+    sink.answers["/hook"] = Answer(200, delay=0.1)
     async with httpx.AsyncClient(transport=transport) as client:
-        answers = await asyncio.gather(*(client.post(sink.url(), content=b"{}") for _ in range(12)))
-        pools = [shard._pool for shard in transport._shards]
-        assert [len(pool.connections) for pool in pools] == [4, 4, 4]  # round robin, kept alive
-    assert [a.status_code for a in answers] == [200] * 12
-    assert len(sink.requests) == 12
-    assert all(p._max_connections == 7 and p._max_keepalive_connections == 4 for p in pools)
+        first = await asyncio.gather(*(client.post(sink.url(), content=b"{}") for _ in range(24)))
+        peers = {r.peer for r in sink.requests}
+        assert len(peers) == 16  # 24 at once, never more than the overall limit
+        second = await asyncio.gather(*(client.post(sink.url(), content=b"{}") for _ in range(16)))
+    assert [a.status_code for a in first + second] == [200] * 40
+    assert {r.peer for r in sink.requests} == peers  # kept alive and used again
 
 
 async def test_a_worker_does_not_ask_redis_again_about_the_jobs_it_runs(
@@ -203,13 +209,22 @@ async def test_a_worker_does_not_ask_redis_again_about_the_jobs_it_runs(
     async def start_jobs(self: Worker, job_ids: list[bytes]) -> None:
         asked.append(job_ids)
 
+    async def deliver(ctx: dict[str, Any], delivery_id: str) -> None:
+        return None
+
     monkeypatch.setattr(Worker, "start_jobs", start_jobs)
-    worker = RelayWorker.__new__(RelayWorker)  # only start_jobs is exercised
+    pool = embedded_pool()
+    worker = RelayWorker(
+        functions=[func(deliver, name="deliver")], redis_pool=pool, handle_signals=False
+    )
     running = asyncio.get_running_loop().create_future()
-    worker.tasks = {"relay:deliver-batch:a": running}  # type: ignore[dict-item]
+    worker.tasks["relay:deliver-batch:a"] = running  # type: ignore[assignment]
     await worker.start_jobs([b"relay:deliver-batch:a", b"relay:deliver-batch:b"])
     assert asked == [[b"relay:deliver-batch:b"]]
+    worker.tasks.pop("relay:deliver-batch:a")
     running.cancel()
+    await worker.close()
+    await pool.aclose()
 
 
 def test_a_single_job_handing_its_delivery_back_does_not_reuse_its_own_id() -> None:

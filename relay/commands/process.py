@@ -51,13 +51,10 @@ def serve(host: str, port: int, log_level: str, access_log: bool, config_file: s
 @config_option
 def worker(config_file: str | None) -> None:
     """Run a relay worker (and its sweeper) on the configured Redis."""
-    import sys
-
     from relay.runtime import run_worker
+    from relay.worker import shorten_switch_interval
 
-    # The database driver's threads hand every result back through the GIL; at Python's
-    # default 5 ms switch interval a busy event loop makes each hand-back wait that long.
-    sys.setswitchinterval(0.0005)
+    shorten_switch_interval()
     run(run_worker(load_settings_or_exit(config_file)))
 
 
