@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -13,6 +17,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import redis as redis_sync
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import text
@@ -26,6 +31,7 @@ from tests.support import Sink, serving
 REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+PRIVATE_REDIS_START_TIMEOUT_S = 10.0
 TOKEN = "t0ken-for-the-tests"
 TABLES = (
     "delivery_attempts",
@@ -172,3 +178,81 @@ async def redis() -> AsyncIterator[Redis]:
     yield client
     await client.flushdb()
     await client.aclose()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_private_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``redis-server`` on a free loopback port, answering PING; a few ports are tried (another
+    process may take the probed one before the server binds it)."""
+    problems = []
+    for attempt in range(3):
+        port = _free_port()
+        log = workdir / f"redis-{port}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(workdir),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        client = redis_sync.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + PRIVATE_REDIS_START_TIMEOUT_S
+        try:
+            while process.poll() is None and time.monotonic() < deadline:
+                try:
+                    if client.ping():
+                        return process, f"redis://127.0.0.1:{port}/0"
+                except (RedisError, OSError):
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        state = "exited" if process.poll() is not None else "no PING answer"
+        _stop(process)
+        tail = log.read_text(errors="replace")[-1000:]
+        problems.append(f"attempt {attempt + 1}, port {port}: {state}\n{tail}")
+    raise RuntimeError(
+        f"redis-server did not answer PING within {PRIVATE_REDIS_START_TIMEOUT_S} s:\n"
+        + "\n".join(problems)
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def private_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this test's own (``redis-server`` on a free port, nothing saved), for
+    tests that FLUSHALL: the machine's Redis is shared. Missing ``redis-server``: fails under
+    CI=true, skipped otherwise."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        service_missing("redis-server (for a private Redis)", FileNotFoundError("redis-server"))
+    assert binary is not None
+    process, url = _start_private_redis(binary, tmp_path_factory.mktemp("redis"))
+    try:
+        yield url
+    finally:
+        _stop(process)

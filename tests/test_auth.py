@@ -57,6 +57,7 @@ async def test_token(make_client: ClientFactory) -> None:
         assert await post(client, "/hooks/sms/inbound?token=tok-0123456789abcdef", json=body) == 200
 
 
+@pytest.mark.slow
 async def test_token_rotation_accepts_every_listed_token(make_client: ClientFactory) -> None:
     async with make_client(
         {"default": SourceConfig(token=["old-0123456789abcdef", "new-0123456789abcdef"])}
@@ -81,6 +82,7 @@ async def test_token_rotation_accepts_every_listed_token(make_client: ClientFact
         )
 
 
+@pytest.mark.slow
 async def test_basic_auth(make_client: ClientFactory) -> None:
     async with make_client(
         {"default": SourceConfig(basic_auth="platform:pa:ss-0123456789abcdef")}
@@ -122,6 +124,7 @@ async def test_basic_auth(make_client: ClientFactory) -> None:
         )
 
 
+@pytest.mark.slow
 async def test_custom_header(make_client: ClientFactory) -> None:
     source = SourceConfig(
         header=HeaderCheck(name="X-Callback-Key", value="hdr-value-0123456789abcdef")
@@ -146,6 +149,7 @@ async def test_custom_header(make_client: ClientFactory) -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["HS256", "HS512"])
 async def test_hmac_signature(make_client: ClientFactory, method: str) -> None:
     source = SourceConfig(signature_secret=SECRET, signature_method=method)
@@ -177,6 +181,7 @@ async def test_hmac_signature(make_client: ClientFactory, method: str) -> None:
             )
 
 
+@pytest.mark.slow
 async def test_hmac_timestamp_window(make_client: ClientFactory) -> None:
     source = SourceConfig(signature_secret=SECRET)
     body = json.dumps(factories.conversations_status()).encode()
@@ -211,6 +216,7 @@ async def test_hmac_signature_padding_and_version(make_client: ClientFactory) ->
             )
 
 
+@pytest.mark.slow
 async def test_ip_allowlist_and_forwarded_for(make_client: ClientFactory) -> None:
     source = SourceConfig(allow_ips=["203.0.113.0/24", "2001:db8::/32"])
     body = factories.sms_dlr
@@ -239,6 +245,7 @@ def test_client_address_rules() -> None:
     assert client_address(None, "203.0.113.9", proxies) is None
 
 
+@pytest.mark.slow
 async def test_every_configured_check_must_pass(make_client: ClientFactory) -> None:
     source = SourceConfig(
         token="tok-0123456789abcdef", basic_auth="u:p-0123456789abcdef", allow_ips=["127.0.0.0/8"]
@@ -265,6 +272,7 @@ async def test_every_configured_check_must_pass(make_client: ClientFactory) -> N
         )
 
 
+@pytest.mark.slow
 async def test_anonymous_source_accepts_anyone(make_client: ClientFactory) -> None:
     async with make_client({"default": SourceConfig(allow_anonymous=True)}) as client:
         assert await post(client, "/hooks/tts/events", json=factories.tts_event()) == 200
@@ -277,6 +285,7 @@ def test_source_without_any_check_is_refused() -> None:
         SourceConfig(basic_auth="no-colon")
 
 
+@pytest.mark.slow
 async def test_secrets_never_reach_logs_or_the_store(
     make_client: ClientFactory, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:

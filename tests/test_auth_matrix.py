@@ -147,6 +147,7 @@ async def clients(sqlite_engine: AsyncEngine) -> AsyncIterator[dict[str, httpx.A
                 await client.aclose()
 
 
+@pytest.mark.slow
 async def test_every_mechanism_and_combination_at_every_url_and_method(
     clients: dict[str, httpx.AsyncClient], sqlite_engine: AsyncEngine
 ) -> None:

@@ -29,6 +29,7 @@ def assert_problem(answer: httpx.Response, status: int) -> dict[str, object]:
     return document
 
 
+@pytest.mark.slow
 async def test_unauthenticated_is_401_and_not_stored(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -39,6 +40,7 @@ async def test_unauthenticated_is_401_and_not_stored(
     assert counters.get("relay_auth_failures_total", source="default", reason="bad-token") == 1
 
 
+@pytest.mark.slow
 async def test_address_not_allowed_is_403(make_client: ClientFactory, engine: AsyncEngine) -> None:
     source = SourceConfig(token=TOKEN, allow_ips=["203.0.113.0/24"])
     async with make_client({"default": source}, client_ip="198.51.100.7") as client:
@@ -47,6 +49,7 @@ async def test_address_not_allowed_is_403(make_client: ClientFactory, engine: As
     assert await queries.count_events(engine) == 0
 
 
+@pytest.mark.slow
 async def test_body_over_the_limit_is_413(make_client: ClientFactory, engine: AsyncEngine) -> None:
     body = factories.sms_inbound({"message": "x" * 5000})
     async with make_client(max_body_bytes=2048) as client:
@@ -64,6 +67,7 @@ async def test_body_over_the_limit_is_413(make_client: ClientFactory, engine: As
     assert await queries.list_rejected(engine) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("raw", "why"),
     [
@@ -91,6 +95,7 @@ async def test_undecodable_body_is_400_and_quarantined_raw(
     assert await queries.count_events(engine) == 0
 
 
+@pytest.mark.slow
 async def test_invalid_payload_is_422_naming_the_fields_and_quarantined_once(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -114,6 +119,7 @@ async def test_invalid_payload_is_422_naming_the_fields_and_quarantined_once(
     assert await queries.count_events(engine) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'"text"', b"42", b"null"])
 async def test_json_that_is_not_an_object_is_422(
     client: httpx.AsyncClient, engine: AsyncEngine, raw: bytes
@@ -139,6 +145,7 @@ async def test_unknown_path_and_method_are_problems(client: httpx.AsyncClient) -
     assert_problem(await client.delete(f"/hooks/sms/inbound?token={TOKEN}"), 405)
 
 
+@pytest.mark.slow
 async def test_duplicate_answer_is_200_like_the_first(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -174,6 +181,7 @@ async def test_database_unavailable_is_503_with_retry_after(backend: str, tmp_pa
 HUGE_NUMBER = "9" * 5000  # beyond Python's 4300-digit limit on int <-> str conversions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["known field", "unknown field", "nested"])
 async def test_numbers_too_long_for_python_are_a_problem_not_a_500(
     client: httpx.AsyncClient, engine: AsyncEngine, where: str
@@ -191,6 +199,7 @@ async def test_numbers_too_long_for_python_are_a_problem_not_a_500(
     assert await queries.count_events(engine) == 0
 
 
+@pytest.mark.slow
 async def test_a_get_callback_with_a_number_too_long_is_a_problem_not_a_500(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -216,6 +225,7 @@ async def test_a_number_too_large_for_a_float_is_stored_or_refused_never_a_5xx(
 BASE_QUERY = "from=%2B4915112345678&to=%2B4915730000001&message=hi&requestId=get-1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("query", "why"),
     [
@@ -237,6 +247,7 @@ async def test_a_get_callback_that_would_lose_data_is_400_and_quarantined(
     assert len(await queries.list_rejected(engine)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("path", "first", "second"),
     [

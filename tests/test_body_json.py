@@ -74,12 +74,14 @@ def test_edge_cases(raw: bytes) -> None:
     same_as_json(raw)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(value=JSON_VALUES, ascii_only=st.booleans())
 def test_valid_json(value: Any, ascii_only: bool) -> None:
     same_as_json(json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass"))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(value=JSON_VALUES, at=st.integers(0, 200), inserted=st.binary(max_size=3))
 def test_damaged_json(value: Any, at: int, inserted: bytes) -> None:

@@ -1,9 +1,11 @@
 """The fault-injection run (``scripts/chaos.py``), shortened: two serve processes and two workers
 on PostgreSQL and Redis, a destination that fails and then times out, a worker SIGKILLed, a serve
 process restarted and Redis flushed (FLUSHALL: the whole server) while the simulator sends; in the
-end every accepted event has reached the destination.
+end every accepted event has reached the destination. The Redis server is the test's own
+(``redis-server`` on a free port, fixture ``private_redis_url``), never the machine's shared one.
 
-Needs PostgreSQL and Redis on 127.0.0.1 (missing: fails under CI=true, skipped otherwise).
+Needs PostgreSQL on 127.0.0.1 and the ``redis-server`` binary (missing: fails under CI=true,
+skipped otherwise).
 ``RELAY_TEST_CHAOS_EVENTS`` changes the number of callbacks (default 2000);
 ``RELAY_TEST_CHAOS_FLUSH=db`` flushes only the run's Redis database instead of the whole server.
 """
@@ -19,16 +21,16 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import pytest
 import redis
 from redis.exceptions import RedisError
 
-from tests.conftest import PG_ADMIN_DSN, REDIS_URL, service_missing
+from tests.conftest import PG_ADMIN_DSN, service_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAOS = ROOT / "scripts" / "chaos.py"
 EVENTS = int(os.environ.get("RELAY_TEST_CHAOS_EVENTS", "2000"))
 FLUSH = os.environ.get("RELAY_TEST_CHAOS_FLUSH", "all")
-CHAOS_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/11"  # the test server, its own database
 RUN_TIMEOUT_S = 170  # the script's own limit; it cleans up and exits when it is reached
 KILL_AFTER_S = RUN_TIMEOUT_S + 60
 FAULTS = {
@@ -41,7 +43,7 @@ FAULTS = {
 }
 
 
-def require_services() -> None:
+def require_services(redis_url: str) -> None:
     async def connect() -> None:
         conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
         await conn.close()
@@ -50,7 +52,7 @@ def require_services() -> None:
         asyncio.run(connect())
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
         service_missing("PostgreSQL", exc)
-    client = redis.Redis.from_url(CHAOS_REDIS_URL, socket_connect_timeout=2)
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=2)
     try:
         client.ping()
     except (RedisError, OSError) as exc:
@@ -80,8 +82,9 @@ def run_chaos(*args: str) -> tuple[int, str, str]:
     return process.returncode, stdout, stderr
 
 
-def test_nothing_is_lost_under_faults() -> None:
-    require_services()
+@pytest.mark.slow
+def test_nothing_is_lost_under_faults(private_redis_url: str) -> None:
+    require_services(private_redis_url)
     status, stdout, stderr = run_chaos(
         "--events",
         str(EVENTS),
@@ -93,7 +96,7 @@ def test_nothing_is_lost_under_faults() -> None:
         "--flush",
         FLUSH,
         "--redis-url",
-        CHAOS_REDIS_URL,
+        private_redis_url,
         "--pg-admin-dsn",
         PG_ADMIN_DSN,
     )

@@ -152,6 +152,7 @@ async def test_webhook_id_is_stable_across_attempts(sink: Sink) -> None:
         assert abs(int(request.headers["webhook-timestamp"]) - datetime.now(UTC).timestamp()) < 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body_format", ["envelope", "raw"])
 async def test_signature_verifies_with_each_rotated_secret(
     sink: Sink, secrets: list[str], body_format: str
@@ -208,6 +209,7 @@ async def test_text_utf8_cannot_encode_is_sent_as_json_escapes_and_signed(
 # --- HTTP: answers ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [200, 201, 202, 204])
 async def test_2xx_is_success(sink: Sink, status: int) -> None:
     sink.answers["/hook"] = Answer(status=status, body=b"" if status == 204 else b"ok")
@@ -251,6 +253,7 @@ async def test_410_means_gone(sink: Sink) -> None:
     assert outcome.response_excerpt == "unsubscribed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [429, 503])
 @pytest.mark.parametrize("style", ["seconds", "http-date"])
 async def test_retry_after(sink: Sink, status: int, style: str) -> None:
@@ -316,6 +319,7 @@ async def test_excerpt_decodes_leniently(sink: Sink) -> None:
     assert outcome.response_excerpt == "bad \ufffd input"
 
 
+@pytest.mark.slow
 async def test_timeout(sink: Sink) -> None:
     sink.answers["/hook"] = Answer(delay=1.0)
     destination = http_destination(sink)

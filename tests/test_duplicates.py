@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import queries
@@ -25,6 +26,7 @@ async def test_sequential_duplicate_gets_the_same_answer_and_is_counted(
     assert events[0].duplicates == 2
 
 
+@pytest.mark.slow
 async def test_fifty_concurrent_copies_store_one_event(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -40,6 +42,7 @@ async def test_fifty_concurrent_copies_store_one_event(
     assert events[0].duplicates == 49
 
 
+@pytest.mark.slow
 async def test_duplicates_across_two_receivers_sharing_a_store(
     make_client: object, engine: AsyncEngine
 ) -> None:
@@ -58,6 +61,7 @@ async def test_duplicates_across_two_receivers_sharing_a_store(
     assert len(events) == 1 and events[0].duplicates == 19
 
 
+@pytest.mark.slow
 async def test_two_hundred_concurrent_distinct_posts_are_all_stored_once(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:

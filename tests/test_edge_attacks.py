@@ -162,6 +162,7 @@ def endless_header(port: int, total: int, answers: list[bytes]) -> None:
         answers.append(read_until_closed(sock))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_endless_header_gets_431_and_costs_no_memory(server: tuple[int, int]) -> None:
     port, pid = server
@@ -183,6 +184,7 @@ def test_endless_header_gets_431_and_costs_no_memory(server: tuple[int, int]) ->
     assert valid_callback(port) == 200
 
 
+@pytest.mark.slow
 def test_too_many_header_fields_get_431(server: tuple[int, int]) -> None:
     port, _ = server
     with connect(port) as sock:
@@ -194,6 +196,7 @@ def test_too_many_header_fields_get_431(server: tuple[int, int]) -> None:
     assert valid_callback(port) == 200
 
 
+@pytest.mark.slow
 def test_a_head_that_stalls_gets_408_and_is_closed(server: tuple[int, int]) -> None:
     port, _ = server
     with connect(port) as sock:
@@ -203,6 +206,7 @@ def test_a_head_that_stalls_gets_408_and_is_closed(server: tuple[int, int]) -> N
     assert b"Connection: close" in answer
 
 
+@pytest.mark.slow
 def test_a_body_that_stalls_gets_408_and_is_closed(server: tuple[int, int]) -> None:
     port, _ = server
     body = callback()
@@ -235,6 +239,7 @@ def test_stalled_connections_beyond_the_fd_limit_leave_room_for_callbacks(
         stop(process)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_pipelined_requests_whose_answers_are_never_read_are_cut_off(tmp_path: Path) -> None:
     """uvicorn reads and queues every pipelined request: 15 MB of them, sent by a client that
@@ -262,6 +267,7 @@ def test_pipelined_requests_whose_answers_are_never_read_are_cut_off(tmp_path: P
     assert "ERROR" not in log
 
 
+@pytest.mark.slow
 def test_upgrade_requests_are_answered_without_a_log_line_each(tmp_path: Path) -> None:
     """No receiver speaks WebSocket or h2c: such requests are plain HTTP/1.1 to us, and a
     stranger sending thousands must not write two warnings for each."""
@@ -280,6 +286,7 @@ def test_upgrade_requests_are_answered_without_a_log_line_each(tmp_path: Path) -
     assert "upgrade" not in (tmp_path / "server.log").read_text().lower()
 
 
+@pytest.mark.slow
 def test_a_request_the_parser_cannot_read_gets_a_400_problem(server: tuple[int, int]) -> None:
     port, _ = server
     for head in (
@@ -311,6 +318,7 @@ def test_a_stop_waits_for_a_strangers_slow_body_no_longer_than_the_shutdown_cap(
     assert time.monotonic() - started < SHUTDOWN_SECONDS + 5
 
 
+@pytest.mark.slow
 def test_keep_alive_and_pipelined_requests_then_a_stalled_head(server: tuple[int, int]) -> None:
     port, _ = server
     with connect(port) as sock:
@@ -332,6 +340,7 @@ def chunked(body: bytes, size: int = 50) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
 
 
+@pytest.mark.slow
 def test_chunked_callback_then_a_chunked_body_that_stalls(server: tuple[int, int]) -> None:
     port, _ = server
     head = (

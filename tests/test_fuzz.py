@@ -29,6 +29,8 @@ from receivers.store import queries
 from relay.simulator import factories
 from tests.conftest import TOKEN, running_client
 
+pytestmark = pytest.mark.slow
+
 CI_EXAMPLES = 1700  # 3 tests x 2 backends, the last with 2 requests each: 13,600 requests
 EXAMPLES = CI_EXAMPLES if os.environ.get("CI", "").lower() == "true" else 300
 FUZZ = settings(

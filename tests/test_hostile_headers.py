@@ -32,6 +32,7 @@ def forwarded_lines(*lines: str) -> list[tuple[str, str]]:
     return [("x-forwarded-for", line) for line in lines]
 
 
+@pytest.mark.slow
 async def test_a_forwarded_for_line_appended_by_the_proxy_is_read(
     make_client: ClientFactory,
 ) -> None:
@@ -49,6 +50,7 @@ async def test_a_forwarded_for_line_appended_by_the_proxy_is_read(
         assert answer.status_code == 200
 
 
+@pytest.mark.slow
 async def test_forwarded_is_not_read(make_client: ClientFactory) -> None:
     """Only X-Forwarded-For is believed (behind trusted proxies): a proxy that sets the other
     header would let a caller pick whichever one the proxy leaves alone."""
@@ -95,6 +97,7 @@ REPEATED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mechanism", "request_options"), REPEATED)
 async def test_a_credential_given_twice_is_refused(
     make_client: ClientFactory, mechanism: str, request_options: dict[str, object]
@@ -154,6 +157,7 @@ BAD_TIMESTAMPS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stamp", BAD_TIMESTAMPS)
 async def test_an_unreadable_or_out_of_range_timestamp_is_a_401(
     make_client: ClientFactory, caplog: pytest.LogCaptureFixture, stamp: str
@@ -184,6 +188,7 @@ def test_any_timestamp_text_passes_or_is_a_401(stamp: str) -> None:
         assert failure.status == 401
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "authorization", [b"Basic \xc3\xa9", b"Basic \xff\xfe", b"Basic \xe9t\xe9", b"\xc3\xa9"]
 )

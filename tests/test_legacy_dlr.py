@@ -42,6 +42,7 @@ async def _get(client: httpx.AsyncClient, params: dict[str, str], path: str = "/
     return await client.get(f"{path}/sms/dlr?token={TOKEN}&{urlencode(params)}")
 
 
+@pytest.mark.slow
 async def test_get_report_is_stored_as_sms_dlr_with_its_own_fields(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -56,6 +57,7 @@ async def test_get_report_is_stored_as_sms_dlr_with_its_own_fields(
     assert stored.dedup_key == f"{REPORT['msgid']}|delivered"
 
 
+@pytest.mark.slow
 async def test_post_json_report_is_stored_with_numbers_as_their_text(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -98,6 +100,7 @@ async def test_same_msgid_and_stat_is_a_duplicate_and_another_stat_a_new_event(
     assert events[delivered.json()["id"]].duplicates == 1
 
 
+@pytest.mark.slow
 async def test_a_token_protected_source_needs_the_token(
     make_client: ClientFactory, engine: AsyncEngine
 ) -> None:
@@ -118,6 +121,7 @@ async def test_a_token_protected_source_needs_the_token(
     assert await queries.list_rejected(engine) == []
 
 
+@pytest.mark.slow
 async def test_current_reports_still_use_the_current_model(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -134,6 +138,7 @@ async def test_current_reports_still_use_the_current_model(
     assert stored is not None and stored.dedup_key == f"{current['requestId']}|delivered"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("params", "field"),
     [({"msgid": "m-1", "err": "0"}, "stat"), ({"stat": "delivered"}, "msgid")],
@@ -149,6 +154,7 @@ async def test_a_legacy_report_without_its_key_is_422_naming_the_field(
     assert rejected.kind == "sms.dlr"
 
 
+@pytest.mark.slow
 async def test_legacy_reports_are_counted_as_sms_dlr(client: httpx.AsyncClient) -> None:
     await _get(client, REPORT)
     await _get(client, REPORT)

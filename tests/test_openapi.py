@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from openapi_spec_validator import validate
 
 from receivers import HeaderCheck, SourceConfig
@@ -10,6 +11,7 @@ from receivers.kinds import KINDS
 from tests.conftest import ClientFactory
 
 
+@pytest.mark.slow
 async def test_openapi_document_is_valid_and_complete(make_client: ClientFactory) -> None:
     sources = {
         "default": SourceConfig(token="t-0123456789abcdef"),

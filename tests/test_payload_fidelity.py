@@ -441,6 +441,7 @@ async def assert_stored(
     assert same(got, expected), got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("path", "sent", "expected"), E2E, ids=[c[0] for c in E2E])
 async def test_the_receiver_stores_values_as_the_rule_says(
     client: httpx.AsyncClient,
@@ -453,6 +454,7 @@ async def test_the_receiver_stores_values_as_the_rule_says(
     await assert_stored(engine, answer, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("path", "query", "expected"),
     [
@@ -485,6 +487,7 @@ async def test_get_callbacks_keep_what_a_lossless_conversion_cannot_give(
     await assert_stored(engine, answer, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("path", "sent", "field"),
     [

@@ -1,6 +1,6 @@
 """The `platform` fixture, used the way a customer uses it on their own webhook handler.
 
-This module is the example of README's "Testing your own webhook handler"."""
+This module is the example of README's "Job 3: simulate the platform in tests"."""
 
 from __future__ import annotations
 

@@ -53,6 +53,7 @@ async def only_delivery(engine: AsyncEngine) -> dict[str, object]:
     return row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["envelope", "raw"])
 async def test_a_lone_surrogate_is_relayed_losslessly(
     engine: AsyncEngine, clock: Clock, sink: Sink, relays: list[Relay], fmt: str
@@ -78,6 +79,7 @@ async def test_a_lone_surrogate_is_relayed_losslessly(
         assert sent["message"] == LONE_SURROGATE
 
 
+@pytest.mark.slow
 async def test_a_content_type_beyond_ascii_is_relayed_as_received(
     engine: AsyncEngine, clock: Clock, sink: Sink, relays: list[Relay]
 ) -> None:

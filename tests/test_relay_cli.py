@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from receivers.store.engine import create_engine
@@ -55,6 +56,7 @@ async def dead_and_gone(url: str) -> tuple[str, str]:
         await engine.dispose()
 
 
+@pytest.mark.slow
 def test_deliveries_and_destinations_commands(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'relay.db'}"
     config = tmp_path / "relay.toml"
@@ -121,6 +123,7 @@ def test_replay_needs_a_target_and_unknown_names_are_errors(tmp_path: Path) -> N
     assert shown.exit_code == 1 and "no delivery nope" in shown.output
 
 
+@pytest.mark.slow
 def test_replay_with_redis_unreachable_is_kept_for_the_sweepers(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'relay.db'}"
     config = tmp_path / "relay.toml"

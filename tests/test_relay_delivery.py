@@ -42,6 +42,7 @@ async def deliveries(engine: AsyncEngine, **filters: object) -> list[dict[str, o
     return await inspect.list_deliveries(engine, limit=1000, **filters)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 async def test_fan_out_with_filters_and_platform_policies(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
@@ -108,6 +109,7 @@ async def test_fan_out_with_filters_and_platform_policies(
     assert await relay.route_all() == []  # routing twice creates nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["envelope", "raw"])
 async def test_success_records_one_attempt_and_the_body_format(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object, fmt: str
@@ -160,6 +162,7 @@ async def test_failures_follow_the_policy_then_succeed(
     assert [a["status_code"] for a in shown["attempt_log"]] == [500, 302, 204]
 
 
+@pytest.mark.slow
 async def test_answers_with_nul_bytes_are_recorded(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
@@ -181,6 +184,7 @@ async def test_answers_with_nul_bytes_are_recorded(
     assert [a["response_excerpt"] for a in shown["attempt_log"]] == ["bad\ufffdthing", "\ufffd"]
 
 
+@pytest.mark.slow
 async def test_retry_after_is_honoured_within_bounds(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
@@ -199,6 +203,7 @@ async def test_retry_after_is_honoured_within_bounds(
     assert second is not None and second.at == first.at + timedelta(hours=1)  # capped at 1 h
 
 
+@pytest.mark.slow
 async def test_gone_disables_the_destination_until_enabled(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
@@ -227,6 +232,7 @@ async def test_gone_disables_the_destination_until_enabled(
     assert health["disabled"] is False
 
 
+@pytest.mark.slow
 async def test_platform_sms_breaker_pauses_after_100_failures_without_counting_the_wait(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
@@ -277,6 +283,7 @@ async def test_platform_sms_breaker_pauses_after_100_failures_without_counting_t
     assert [a["number"] for a in shown["attempt_log"]] == [1, 2, 3, *range(82, 102)]
 
 
+@pytest.mark.slow
 async def test_dead_after_give_up_then_replay_on_a_fresh_schedule(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
@@ -311,6 +318,7 @@ async def test_dead_after_give_up_then_replay_on_a_fresh_schedule(
     assert row["status"] == SUCCEEDED and row["attempts"] == 5
 
 
+@pytest.mark.slow
 async def test_a_delivery_is_attempted_by_one_worker_at_a_time(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
@@ -327,6 +335,7 @@ async def test_a_delivery_is_attempted_by_one_worker_at_a_time(
     assert row["attempts"] == 1 and row["status"] == SUCCEEDED
 
 
+@pytest.mark.slow
 async def test_numinfo_answer_budget_caps_the_timeout(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:

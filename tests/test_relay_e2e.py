@@ -109,6 +109,7 @@ async def test_embedded_mode_end_to_end(engine: AsyncEngine, database_url: str, 
     assert {e["id"] for e in envelopes} == ids
 
 
+@pytest.mark.slow
 async def test_sweeper_routes_events_whose_hook_never_ran(
     engine: AsyncEngine, database_url: str, sink: Sink
 ) -> None:
@@ -123,8 +124,9 @@ async def test_sweeper_routes_events_whose_hook_never_ran(
 
 @contextlib.asynccontextmanager
 async def worker_on(settings: Settings, engine: AsyncEngine) -> AsyncIterator[None]:
-    """A relay worker on the real Redis, in this event loop."""
-    pool = await create_pool(RedisSettings.from_dsn(REDIS_URL))
+    """A relay worker on the real Redis (``settings.redis_url``), in this event loop."""
+    assert settings.redis_url
+    pool = await create_pool(RedisSettings.from_dsn(settings.redis_url))
     worker = build_worker(settings, engine, pool, clock=utc_now, handle_signals=False)
     task = asyncio.create_task(worker.async_run())
     try:
@@ -136,6 +138,7 @@ async def worker_on(settings: Settings, engine: AsyncEngine) -> AsyncIterator[No
         await close_worker(worker)  # a job may still be finishing: arq's close() would raise
 
 
+@pytest.mark.slow
 async def test_every_destination_type_through_a_worker_on_real_redis(
     engine: AsyncEngine, database_url: str, sink: Sink, redis: Redis
 ) -> None:
@@ -180,13 +183,20 @@ async def _delivery_states(engine: AsyncEngine) -> str:
     )
 
 
+@pytest.mark.slow
 async def test_flushall_mid_run_loses_nothing(
-    engine: AsyncEngine, database_url: str, sink: Sink, redis: Redis
+    engine: AsyncEngine, database_url: str, sink: Sink, private_redis_url: str
 ) -> None:
-    settings = settings_for(database_url, sink, redis_url=REDIS_URL)
+    """FLUSHALL empties the whole server: a Redis server of the test's own, not the shared one."""
+    settings = settings_for(database_url, sink, redis_url=private_redis_url)
     sink.answers["/hook"] = Answer(500)
     runtime = await start(settings)
-    async with serving(runtime) as client, worker_on(settings, engine):
+    redis = Redis.from_url(private_redis_url, socket_connect_timeout=2)
+    async with (
+        contextlib.aclosing(redis),
+        serving(runtime) as client,
+        worker_on(settings, engine),
+    ):
         ids = await post_events(client, 20)
         await eventually(lambda: len(delivered_ids(sink)) == 20)  # every first attempt failed
 
@@ -213,6 +223,7 @@ async def test_flushall_mid_run_loses_nothing(
     assert all(r["attempts"] == 2 for r in rows)
 
 
+@pytest.mark.slow
 async def test_worker_killed_mid_run_loses_nothing(
     engine: AsyncEngine, database_url: str, sink: Sink, redis: Redis, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import queries
@@ -18,6 +19,8 @@ from receivers.store.engine import create_engine
 from relay.simulator import factories
 from tests.conftest import TOKEN, running_client
 from tests.support import free_port
+
+pytestmark = pytest.mark.slow
 
 
 async def test_restart_keeps_every_event_and_the_dedup_memory(

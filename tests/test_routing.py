@@ -65,6 +65,7 @@ async def answers(app: Starlette) -> list[tuple[int, list[tuple[str, str]], byte
         return result
 
 
+@pytest.mark.slow
 async def test_both_lanes_give_the_same_answers(engine: AsyncEngine) -> None:
     config = ReceiverConfig(sources={"default": SourceConfig(token=TOKEN)}, max_body_bytes=1000)
     direct = await answers(create_app(config, engine))

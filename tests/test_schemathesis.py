@@ -19,6 +19,8 @@ from tests.conftest import TOKEN
 from tests.support import free_port
 from tests.test_restart import start_server
 
+pytestmark = pytest.mark.slow
+
 SOURCES = {"default": SourceConfig(token=TOKEN)}
 schema = schemathesis.openapi.from_dict(openapi_document(ReceiverConfig(sources=SOURCES)))
 

@@ -100,6 +100,7 @@ def test_trusting_every_address_from_the_environment_is_refused(
         load_settings(write(tmp_path, f'token = "{GOOD}"'))
 
 
+@pytest.mark.slow
 def test_relay_serve_refuses_an_empty_token_in_one_clear_line(tmp_path: Path) -> None:
     config = write(tmp_path, 'token = ""')
     done = subprocess.run(

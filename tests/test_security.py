@@ -18,6 +18,8 @@ from tests.conftest import TOKEN
 from tests.support import free_port
 from tests.test_restart import start_server
 
+pytestmark = pytest.mark.slow
+
 SECRET = "hmac-secret-for-the-tests"
 
 

@@ -56,6 +56,7 @@ class Flaky:
         await self.app(scope, receive, send)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCENARIOS))
 async def test_every_scenario_is_stored_exactly_once(engine: AsyncEngine, name: str) -> None:
     async with running_client(engine) as client:
@@ -91,6 +92,7 @@ def always(status: int) -> ASGIApp:
     return app
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("callback", "policy"),
     [
@@ -158,6 +160,7 @@ async def test_numinfo_success_is_200_within_two_seconds(engine: AsyncEngine) ->
         assert not (await platform.deliver(dlr)).given_up  # any 2xx elsewhere
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["HS256", "HS512"])
 async def test_signed_callbacks_are_verified_by_our_receivers(
     make_client: Any, engine: AsyncEngine, method: str
@@ -252,6 +255,7 @@ async def _stored_events(database: Path) -> list[Any]:
         await engine.dispose()
 
 
+@pytest.mark.slow
 def test_legacy_dlr_from_the_cli_and_the_platform_fixture_against_a_real_server(
     tmp_path: Path, platform: PlatformSimulator
 ) -> None:
@@ -293,6 +297,7 @@ LEGACY_FIELDS = {"receiver", "msgid", "ttid", "mccmnc", "err", "stat", "sender",
 LEGACY_FIELDS |= {"donedate", "submitdate", "price", "currency", "priceEffective"}
 
 
+@pytest.mark.slow
 def test_cli_list_and_json_run_against_a_real_server(tmp_path: Path) -> None:
     listed = CliRunner().invoke(simulate, ["list"])
     assert listed.exit_code == 0

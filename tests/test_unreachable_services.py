@@ -21,6 +21,8 @@ from sqlalchemy.engine import URL, make_url
 from tests.conftest import PG_ADMIN_DSN, REDIS_URL, service_missing
 from tests.support import free_port
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "hunter2-never-shown"
 TIMEOUT = 60  # seconds; each command ends in about one (its import time)
