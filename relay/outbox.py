@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.store import ReceivedEvent, insert_rows, new_id
+from receivers.store import ReceivedEvent, insert_rows_async, new_id
 from relay.router import Router
 from relay.tables import (
     DEAD,
@@ -112,7 +112,7 @@ async def route_events(
     """Create one delivery per matching destination and mark the events routed, atomically.
     Idempotent: an event routed twice (hook and sweeper racing) gets its deliveries once.
 
-    The rows go in with the store's :func:`~receivers.store.insert_rows`. Every
+    The rows go in with the store's :func:`~receivers.store.insert_rows_async`. Every
     :data:`JOB_BATCH` new deliveries share one batch job id (kept in ``job_id``), so that their
     first attempts cost one arq job, not one each."""
     if not events:
@@ -142,11 +142,11 @@ async def route_events(
             row["job_id"] = job
     ids = [row["id"] for row in rows]
     async with engine.begin() as conn:
-        created = await insert_rows(conn, DELIVERIES, rows, ["event_id", "destination"])
+        created = await insert_rows_async(conn, DELIVERIES, rows, ["event_id", "destination"])
         if created < len(ids):
             query = select(DELIVERIES.c.id).where(DELIVERIES.c.id.in_(ids))
             ids = list((await conn.execute(query)).scalars())
-        await insert_rows(conn, ROUTED, markers, ["event_id"])
+        await insert_rows_async(conn, ROUTED, markers, ["event_id"])
     created_ids = set(ids)
     return [Due(row["id"], 0, now, row["job_id"]) for row in rows if row["id"] in created_ids]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Callable
 
@@ -58,7 +59,8 @@ async def serve(
         )
         server = uvicorn.Server(config)
         log_redaction.install()
-        config.load()  # import the HTTP protocol and build the app now
+        config.load()  # import the HTTP protocol and build the app now, before the freeze
+        freeze_startup_objects()
         await server.serve()
     finally:
         await runtime.engine.dispose()
@@ -135,6 +137,16 @@ def connections_allowed(open_files: int | None) -> int:
     if open_files is None:  # pragma: no cover
         return CONNECTIONS_WITHOUT_LIMIT
     return max(open_files // 2, open_files - OTHER_FILES - open_files // 10)
+
+
+def freeze_startup_objects() -> None:
+    """Move everything start-up built (modules, the app, its models) out of the garbage
+    collector's reach, so that its full collections stop scanning them again and again while
+    requests come (a speed trick of `relay serve`: ``scripts/bench_ingest.py`` measured
+    0.495-0.497 against 0.455 without it, same code otherwise). Off: do not call it; nothing
+    else depends on it."""
+    gc.collect()
+    gc.freeze()
 
 
 def print_callback_urls(runtime: Runtime, host: str, port: int) -> None:

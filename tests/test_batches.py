@@ -14,12 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from sqlalchemy import event, select
 from sqlalchemy.exc import StatementError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import new_ids
-from receivers.store.batches import SQLITE_MAX_PARAMETERS, insert_rows, write_items
+from receivers.store.batches import (
+    SQLITE_MAX_PARAMETERS,
+    in_transaction,
+    insert_rows,
+    insert_rows_async,
+    write_items,
+)
 from receivers.store.engine import create_engine
 from receivers.store.records import Receipt, StoreUnavailable
 from relay import migrate
@@ -38,11 +45,11 @@ ONE_BY_ONE = "writing its items one by one"
 
 
 async def test_a_batch_answers_each_item_in_order(engine: AsyncEngine) -> None:
-    [old] = await write_items(engine, [arrival("old")], NOW)
+    [old] = await write_items(in_transaction(engine), [arrival("old")], NOW)
     assert isinstance(old, Receipt) and not old.duplicate
 
     answers = await write_items(
-        engine,
+        in_transaction(engine),
         [arrival("a"), rejection(b"x"), arrival("old"), arrival("a"), arrival("b")],
         NOW + timedelta(seconds=1),
     )
@@ -66,11 +73,13 @@ async def test_a_batch_answers_each_item_in_order(engine: AsyncEngine) -> None:
 
 
 async def test_a_batch_is_one_transaction(engine: AsyncEngine) -> None:
-    await write_items(engine, [arrival("old")], NOW)
+    await write_items(in_transaction(engine), [arrival("old")], NOW)
     commits: list[object] = []
     event.listen(engine.sync_engine, "commit", commits.append)
     answers = await write_items(
-        engine, [arrival("old"), arrival("new"), rejection(b"x"), rejection(b"y")], NOW
+        in_transaction(engine),
+        [arrival("old"), arrival("new"), rejection(b"x"), rejection(b"y")],
+        NOW,
     )
     assert len(commits) == 1
     assert isinstance(answers[0], Receipt) and answers[0].duplicate
@@ -79,10 +88,10 @@ async def test_a_batch_is_one_transaction(engine: AsyncEngine) -> None:
 
 
 async def test_every_copy_is_counted_on_the_stored_row(engine: AsyncEngine) -> None:
-    [first] = await write_items(engine, [arrival("a")], NOW)
+    [first] = await write_items(in_transaction(engine), [arrival("a")], NOW)
     assert isinstance(first, Receipt)
-    again = await write_items(engine, [arrival("a"), arrival("a")], NOW)
-    again += await write_items(engine, [arrival("a"), arrival("b")], NOW)
+    again = await write_items(in_transaction(engine), [arrival("a"), arrival("a")], NOW)
+    again += await write_items(in_transaction(engine), [arrival("a"), arrival("b")], NOW)
 
     assert again[:3] == [Receipt(first.event_id, duplicate=True)] * 3
     rows = await stored_events(engine)
@@ -92,13 +101,15 @@ async def test_every_copy_is_counted_on_the_stored_row(engine: AsyncEngine) -> N
 
 async def test_rejected_bodies_are_one_row_per_body_counted_by_hash(engine: AsyncEngine) -> None:
     answers = await write_items(
-        engine,
+        in_transaction(engine),
         [rejection(b"not json"), rejection(b"not json", reason="Again."), rejection(b"other")],
         NOW,
     )
     assert answers == [None, None, None]
     later = NOW + timedelta(hours=1)
-    assert await write_items(engine, [rejection(b"not json", reason="Again.")], later) == [None]
+    assert await write_items(
+        in_transaction(engine), [rejection(b"not json", reason="Again.")], later
+    ) == [None]
 
     rows = await rejected_bodies(engine)
     assert set(rows) == {b"not json", b"other"}
@@ -115,7 +126,9 @@ async def test_an_item_that_cannot_be_written_fails_alone(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="receivers.store.batches"):
         answers = await write_items(
-            engine, [arrival("a"), unwritable("bad"), rejection(b"x"), arrival("b")], NOW
+            in_transaction(engine),
+            [arrival("a"), unwritable("bad"), rejection(b"x"), arrival("b")],
+            NOW,
         )
 
     a, bad, quarantined, b = answers
@@ -143,7 +156,9 @@ async def test_an_unavailable_database_fails_the_whole_batch(
     unreachable: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="receivers.store.batches"):
-        answers = await write_items(unreachable, [arrival("a"), rejection(b"x"), arrival("b")], NOW)
+        answers = await write_items(
+            in_transaction(unreachable), [arrival("a"), rejection(b"x"), arrival("b")], NOW
+        )
     assert len(answers) == 3 and all(isinstance(answer, StoreUnavailable) for answer in answers)
     assert ONE_BY_ONE not in caplog.text  # no point trying each item of it again
 
@@ -152,12 +167,12 @@ async def test_the_next_write_connects_again(tmp_path: Path) -> None:
     database = tmp_path / "later" / "relay.db"  # its directory does not exist yet
     engine = create_engine(f"sqlite:///{database}")
     try:
-        [failed] = await write_items(engine, [arrival("a")], NOW)
+        [failed] = await write_items(in_transaction(engine), [arrival("a")], NOW)
         assert isinstance(failed, StoreUnavailable)
 
         database.parent.mkdir()
         await migrate.upgrade(engine)
-        [stored] = await write_items(engine, [arrival("a")], NOW)
+        [stored] = await write_items(in_transaction(engine), [arrival("a")], NOW)
         assert isinstance(stored, Receipt) and not stored.duplicate
         assert (await stored_events(engine))["a"]["id"] == stored.event_id
     finally:
@@ -179,7 +194,8 @@ async def test_concurrent_writers_store_each_event_once(
     keys = [f"k{index}" for index in range(50)]
     items = [arrival(key) for key in keys]
     ours, theirs = await asyncio.gather(
-        write_items(engine, items, NOW), write_items(second_engine, items, NOW)
+        write_items(in_transaction(engine), items, NOW),
+        write_items(in_transaction(second_engine), items, NOW),
     )
 
     rows = await stored_events(engine)
@@ -214,9 +230,12 @@ def event_rows(*keys: str, at: datetime = NOW) -> list[dict[str, Any]]:
     ]
 
 
+IDENTITY = ("source", "kind", "dedup_key")
+
+
 async def insert(engine: AsyncEngine, rows: list[dict[str, Any]]) -> int:
     async with engine.begin() as conn:
-        return await insert_rows(conn, EVENTS, rows, ("source", "kind", "dedup_key"))
+        return await conn.run_sync(insert_rows, EVENTS, rows, ("source", "kind", "dedup_key"))
 
 
 async def test_insert_rows_skips_the_conflicting_rows_and_counts_the_others(
@@ -237,21 +256,38 @@ async def test_insert_rows_skips_the_conflicting_rows_and_counts_the_others(
     }
 
 
-async def test_sqlite_takes_each_chunk_of_rows_in_one_statement(sqlite_engine: AsyncEngine) -> None:
-    statements: list[tuple[str, bool]] = []
-
-    @event.listens_for(sqlite_engine.sync_engine, "before_cursor_execute")
-    def record(_conn: Any, _cursor: Any, sql: str, _params: Any, _ctx: Any, many: bool) -> None:
-        if sql.startswith("INSERT"):
-            statements.append((sql, many))
-
+async def test_sqlite_takes_each_chunk_of_rows_in_one_statement(
+    sqlite_engine: AsyncEngine,
+) -> None:
+    statements: list[str] = []
     chunk = SQLITE_MAX_PARAMETERS // len(EVENTS.columns)
     rows = event_rows(*(f"k{index}" for index in range(2 * chunk + 1)))
-    assert await insert(sqlite_engine, rows) == len(rows)
+    engine = sqlalchemy.create_engine(sqlite_engine.url.set(drivername="sqlite"))
 
-    assert len(statements) == 3 and not any(many for _, many in statements)
-    assert all("ON CONFLICT" in sql for sql, _ in statements)
+    @event.listens_for(engine, "connect")
+    def trace(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.set_trace_callback(statements.append)  # what SQLite itself runs
+
+    with engine.begin() as conn:
+        assert insert_rows(conn, EVENTS, rows, IDENTITY) == len(rows)
+    engine.dispose()
+
+    inserts = [sql for sql in statements if sql.startswith("INSERT")]
+    assert len(inserts) == 3 and all("ON CONFLICT" in sql for sql in inserts)
     assert len(await stored_events(sqlite_engine)) == len(rows)
+
+
+async def test_insert_rows_async_is_insert_rows_on_an_async_connection(
+    engine: AsyncEngine,
+) -> None:
+    first = event_rows("a", "b")
+    async with engine.begin() as conn:
+        assert await insert_rows_async(conn, EVENTS, first, IDENTITY) == 2
+        assert await insert_rows_async(conn, EVENTS, event_rows("a", "c"), IDENTITY) == 1
+        assert await insert_rows_async(conn, EVENTS, [], IDENTITY) == 0
+    rows = await stored_events(engine)
+    assert sorted(rows) == ["a", "b", "c"] and rows["a"]["id"] == first[0]["id"]
+    assert rows["a"]["received_at"] == NOW and rows["a"]["payload"] == {"requestId": "a"}
 
 
 PAYLOADS: list[dict[str, Any]] = [

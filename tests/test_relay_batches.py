@@ -172,7 +172,10 @@ async def test_coalescer_groups_calls_made_while_a_group_runs() -> None:
         return [ValueError(i) if i == 3 else i * 10 for i in items]
 
     coalescer: Coalescer[int, int] = Coalescer(run)
-    results = await asyncio.gather(*(coalescer.submit(i) for i in range(6)), return_exceptions=True)
+    first = coalescer.put(0)
+    await asyncio.sleep(0)  # its group starts, with it alone
+    rest = [coalescer.put(i) for i in range(1, 6)]
+    results = await asyncio.gather(first, *rest, return_exceptions=True)
     assert groups == [[0], [1, 2, 3, 4, 5]]
     assert results[:3] == [0, 10, 20] and results[4:] == [40, 50]
     assert isinstance(results[3], ValueError)

@@ -5,7 +5,7 @@ The receivers write events through :class:`~receivers.store.writer.EventWriter`;
 ``relay/migrations/``) uses only the names below."""
 
 from receivers.ids import new_id
-from receivers.store.batches import insert_rows
+from receivers.store.batches import insert_rows, insert_rows_async
 from receivers.store.coalescer import Coalescer
 from receivers.store.engine import create_engine
 from receivers.store.records import Clock, StoredEvent, utc_now
@@ -20,6 +20,7 @@ __all__ = [
     "UTCDateTime",
     "create_engine",
     "insert_rows",
+    "insert_rows_async",
     "new_id",
     "utc_now",
 ]

@@ -10,14 +10,17 @@ copy is counted on the stored row.
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, select, tuple_, update
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -76,19 +79,14 @@ def batch_rows(items: Sequence[Item], now: datetime) -> BatchRows:
     for same, event_id in zip(copies.values(), ids, strict=False):
         first = items[same[0]]
         assert isinstance(first, Arrival)
-        row = {"id": event_id, "received_at": now, "duplicates": len(same) - 1}
-        events.append(_fitted(EVENTS, row | _fields(first)))
-    quarantine = [
-        _fitted(
-            REJECTED,
-            _fields(item)
-            | {"id": row_id, "body_hash": digest, "count": count}
-            | {"received_at": now, "last_seen_at": now},
-        )
-        for (digest, (item, count)), row_id in zip(
-            rejected.items(), ids[len(copies) :], strict=True
-        )
-    ]
+        row = _fields(first)
+        row.update(id=event_id, received_at=now, duplicates=len(same) - 1)
+        events.append(row)
+    quarantine = []
+    for (digest, (item, count)), row_id in zip(rejected.items(), ids[len(copies) :], strict=True):
+        row = _fields(item)
+        row.update(id=row_id, body_hash=digest, count=count, received_at=now, last_seen_at=now)
+        quarantine.append(row)
     return BatchRows(events, quarantine, list(copies.values()))
 
 
@@ -115,30 +113,47 @@ def stored_events(
     ]
 
 
-async def write_items(engine: AsyncEngine, items: Sequence[Item], now: datetime) -> list[Answer]:
+Transaction = Callable[[Callable[[Connection], Any]], Awaitable[Any]]
+"""Runs a function of a connection in a transaction of its own, and returns its result."""
+
+
+def in_transaction(engine: AsyncEngine) -> Transaction:
+    """A :data:`Transaction` on an async engine (the function runs in SQLAlchemy's greenlet)."""
+
+    async def run(function: Callable[[Connection], Any]) -> Any:
+        async with engine.begin() as conn:
+            return await conn.run_sync(function)
+
+    return run
+
+
+async def write_items(
+    transaction: Transaction, items: Sequence[Item], now: datetime
+) -> list[Answer]:
     """Write ``items`` in one transaction; their answers. When that fails for another reason
     than an unavailable database, each item is written alone, so that only the one at fault
     fails."""
     rows = batch_rows(items, now)
     try:
-        async with engine.begin() as conn:
-            ids = await write_rows(conn, rows)
+        ids = await transaction(functools.partial(write_rows, rows=rows))
     except Exception as exc:
         if len(items) > 1 and not is_unavailable(exc):
             log.warning("batch write failed (%s); writing its items one by one", type(exc).__name__)
-            return [answer for item in items for answer in await write_items(engine, [item], now)]
+            return [
+                answer for item in items for answer in await write_items(transaction, [item], now)
+            ]
         log.error("could not store %d item(s): %s", len(items), type(exc).__name__, exc_info=exc)
         return [StoreUnavailable(type(exc).__name__) for _ in items]
     return receipts(rows, ids, len(items))
 
 
-async def write_rows(conn: AsyncConnection, rows: BatchRows) -> dict[Identity, str]:
+def write_rows(conn: Connection, rows: BatchRows) -> dict[Identity, str]:
     """Insert the event rows unless stored already, add ``duplicates + 1`` to the stored row of
     those that were, upsert the quarantine rows by body hash; answers every identity's id."""
     events = rows.events
     ids = {identity(row): row["id"] for row in events}
-    if events and await insert_rows(conn, EVENTS, events, IDENTITY_COLUMNS) < len(events):
-        ids |= await _count_copies(conn, events)
+    if events and insert_rows(conn, EVENTS, events, IDENTITY_COLUMNS) < len(events):
+        ids |= _count_copies(conn, events)
     if rows.rejections:
         upsert = _dml(conn).insert(REJECTED)
         upsert = upsert.on_conflict_do_update(
@@ -148,15 +163,16 @@ async def write_rows(conn: AsyncConnection, rows: BatchRows) -> dict[Identity, s
                 "last_seen_at": upsert.excluded.last_seen_at,
             },
         )
-        await conn.execute(upsert, rows.rejections)
+        conn.execute(upsert, rows.rejections)
     return ids
 
 
-async def insert_rows(
-    conn: AsyncConnection, table: Table, rows: Sequence[Row], conflict: Sequence[str]
+def insert_rows(
+    conn: Connection, table: Table, rows: Sequence[Row], conflict: Sequence[str]
 ) -> int:
     """Insert ``rows`` (dicts with the same keys, all columns of ``table``), skipping those that
-    conflict on the ``conflict`` columns; returns how many were inserted.
+    conflict on the ``conflict`` columns; returns how many were inserted. On an async
+    connection: :func:`insert_rows_async`.
 
     SQLite: one multi-row ``INSERT ... ON CONFLICT DO NOTHING`` per chunk, its values converted
     by the columns' own types: a single step in the driver, where ``executemany`` or
@@ -168,27 +184,84 @@ async def insert_rows(
         return 0
     if conn.dialect.name != "sqlite":
         statement = _dml(conn).insert(table).on_conflict_do_nothing(index_elements=conflict)
-        return len((await conn.execute(statement.returning(table.c[conflict[0]]), rows)).all())
-    names = list(rows[0])
-    dialect = conn.dialect
-    convert = [table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in names]
-    columns = ", ".join(names)
-    placeholders = "(" + ", ".join("?" * len(names)) + ")"
-    chunk = SQLITE_MAX_PARAMETERS // len(names)
+        return len(conn.execute(statement.returning(table.c[conflict[0]]), rows).all())
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     inserted = 0
+    try:
+        for sql, values in _sqlite_inserts(table, rows, conflict, conn.dialect):
+            cursor.execute(sql, values)
+            inserted += cursor.rowcount
+    finally:
+        cursor.close()
+    return inserted
+
+
+async def insert_rows_async(
+    conn: AsyncConnection, table: Table, rows: Sequence[Row], conflict: Sequence[str]
+) -> int:
+    """:func:`insert_rows` on an async connection. On SQLite each statement is one call into
+    the driver's thread: SQLAlchemy's adapted cursor would make three, each waiting for the GIL
+    to come back from a busy event loop."""
+    if not rows:
+        return 0
+    if conn.dialect.name != "sqlite":
+        return int(await conn.run_sync(insert_rows, table, rows, conflict))
+    driver = (await conn.get_raw_connection()).driver_connection
+    assert driver is not None
+    inserted = 0
+    for sql, values in _sqlite_inserts(table, rows, conflict, conn.dialect):
+        inserted += (await driver.execute(sql, values)).rowcount
+    return inserted
+
+
+def _sqlite_inserts(
+    table: Table, rows: Sequence[Row], conflict: Sequence[str], dialect: Dialect
+) -> Iterator[tuple[str, list[Any]]]:
+    """The multi-row statements of ``rows`` and their parameters, a chunk each."""
+    if not rows:
+        return
+    names = tuple(rows[0])
+    convert = _converters(table, names, dialect)
+    pick = operator.itemgetter(*names) if len(names) > 1 else lambda row: (row[names[0]],)
+    chunk = SQLITE_MAX_PARAMETERS // len(names)
     for start in range(0, len(rows), chunk):
         part = rows[start : start + chunk]
-        values = [
-            value if process is None else process(value)
-            for row in part
-            for value, process in zip((row[name] for name in names), convert, strict=True)
-        ]
-        sql = (
-            f"INSERT INTO {table.name} ({columns}) VALUES {', '.join([placeholders] * len(part))}"
-            f" ON CONFLICT ({', '.join(conflict)}) DO NOTHING"
+        yield (
+            _insert_sql(table.name, names, tuple(conflict), len(part)),
+            _values(part, pick, convert),
         )
-        inserted += (await conn.exec_driver_sql(sql, tuple(values))).rowcount
-    return inserted
+
+
+@functools.lru_cache(maxsize=1024)
+def _insert_sql(table: str, names: tuple[str, ...], conflict: tuple[str, ...], count: int) -> str:
+    """``INSERT ... VALUES (...), (...) ON CONFLICT (...) DO NOTHING`` for ``count`` rows."""
+    values = "(" + ", ".join("?" * len(names)) + ")"
+    return (
+        f"INSERT INTO {table} ({', '.join(names)}) VALUES {', '.join([values] * count)}"
+        f" ON CONFLICT ({', '.join(conflict)}) DO NOTHING"
+    )
+
+
+def _values(
+    rows: Sequence[Row],
+    pick: Callable[[Row], tuple[Any, ...]],
+    convert: Sequence[Callable[[Any], Any] | None],
+) -> list[Any]:
+    """The flat parameters of a multi-row statement, converted by the columns' types; a value
+    shared with the previous row (a batch's timestamp) is converted once."""
+    converted = [(index, process) for index, process in enumerate(convert) if process]
+    flat: list[Any] = []
+    previous: dict[int, tuple[Any, Any]] = {}
+    for row in rows:
+        values = list(pick(row))
+        for index, process in converted:
+            value = values[index]
+            seen = previous.get(index)
+            if seen is None or seen[0] is not value:
+                seen = previous[index] = (value, process(value))
+            values[index] = seen[1]
+        flat += values
+    return flat
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -206,13 +279,13 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
-async def _count_copies(conn: AsyncConnection, events: list[Row]) -> dict[Identity, str]:
+def _count_copies(conn: Connection, events: list[Row]) -> dict[Identity, str]:
     """The stored ids of the events; those stored before get their copies counted."""
     columns = [EVENTS.c[name] for name in IDENTITY_COLUMNS]
     query = select(EVENTS.c.id, *columns).where(
         tuple_(*columns).in_(bindparam("identities", expanding=True))
     )
-    found = await conn.execute(query, {"identities": [identity(row) for row in events]})
+    found = conn.execute(query, {"identities": [identity(row) for row in events]})
     ids: dict[Identity, str] = {(r[1], r[2], r[3]): r[0] for r in found}
     if len(ids) < len(events):
         raise RuntimeError(f"{len(events) - len(ids)} conflicting events vanished")
@@ -227,29 +300,45 @@ async def _count_copies(conn: AsyncConnection, events: list[Row]) -> dict[Identi
             .where(EVENTS.c.id == bindparam("event_id"))
             .values(duplicates=EVENTS.c.duplicates + bindparam("extra"))
         )
-        await conn.execute(count, copies)
+        conn.execute(count, copies)
     return ids
 
 
 def _fields(item: Item) -> Row:
-    """The item's own fields (those that are columns of its table)."""
-    return {name: getattr(item, name) for name in type(item).__dataclass_fields__}
-
-
-def _fitted(table: Table, values: Row) -> Row:
-    """``values`` of the table's columns, in its order; the caller-given text of
-    :data:`CLIPPED` columns cut to the column's width (PostgreSQL refuses longer text, SQLite
-    would keep it)."""
-    row: Row = {}
-    for column in table.columns:
-        value = values[column.name]
-        if column.name in CLIPPED and isinstance(value, str):
-            value = value[: column.type.length]  # type: ignore[attr-defined]
-        row[column.name] = value
+    """The item's own fields (each a column of its table), caller-given text cut to its
+    column's width (:data:`CLIPPED`: PostgreSQL refuses longer text, SQLite would keep it)."""
+    names, clipped = _layout(type(item))
+    row = dict(zip(names, _field_values(item), strict=True))
+    for name, width in clipped:
+        value = row[name]
+        if isinstance(value, str) and len(value) > width:
+            row[name] = value[:width]
     return row
 
 
-def _dml(conn: AsyncConnection) -> Any:
+def _field_values(item: Item) -> tuple[Any, ...]:
+    """The item's field values, not copied (:func:`dataclasses.astuple` deep-copies)."""
+    return tuple(getattr(item, name) for name in _layout(type(item))[0])
+
+
+@functools.cache
+def _layout(kind: type) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """An item type's field names, and those of its :data:`CLIPPED` columns with their widths."""
+    table = EVENTS if kind is Arrival else REJECTED
+    names = tuple(kind.__dataclass_fields__)
+    clipped = tuple((name, table.c[name].type.length) for name in names if name in CLIPPED)
+    return names, clipped
+
+
+@functools.cache
+def _converters(
+    table: Table, names: tuple[str, ...], dialect: Dialect
+) -> list[Callable[[Any], Any] | None]:
+    """The bind processors of the ``names`` columns: values as SQLAlchemy would send them."""
+    return [table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in names]
+
+
+def _dml(conn: Connection) -> Any:
     """The backend's INSERT dialect (``ON CONFLICT`` is spelt alike in both)."""
     if conn.dialect.name == "postgresql":
         from sqlalchemy.dialects import postgresql  # loaded where it is used

@@ -144,13 +144,14 @@ class Coalescer(Generic[T, R]):
             await asyncio.wait([self._running])
 
     def _pump(self) -> None:
-        if self._running is not None or not self._queue:
-            return
+        if self._running is None and self._queue:
+            self._running = asyncio.create_task(self._run_group())
+
+    async def _run_group(self) -> None:
+        """Run the next group: the calls queued by the time it starts (those made in the same
+        pass of the event loop as the first go with it), as many as the group size allows."""
         count = self._size.take(len(self._queue), idle=self._idle)
         group = [self._queue.popleft() for _ in range(max(count, 1))]
-        self._running = asyncio.create_task(self._run_group(group))
-
-    async def _run_group(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
         started = self._clock()
         try:
             results = await self._run([item for item, _ in group])

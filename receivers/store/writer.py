@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store.batches import Answer, Item, stored_events, write_items
+from receivers.store.batches import Answer, Item, in_transaction, stored_events, write_items
 from receivers.store.coalescer import Coalescer
 from receivers.store.engine import sqlite_file
 from receivers.store.records import (
@@ -75,7 +75,7 @@ class EngineLane:
     """Writes the items on the engine, in this process, in groups."""
 
     def __init__(self, engine: AsyncEngine, *, clock: Clock, on_stored: OnStored) -> None:
-        self._engine = engine
+        self._transaction = in_transaction(engine)
         self._clock = clock
         self._on_stored = on_stored
         self._group: Coalescer[Item, Receipt | None] = Coalescer(self._write)
@@ -99,7 +99,7 @@ class EngineLane:
 
     async def _write(self, items: list[Item]) -> list[Answer]:
         now = self._clock()
-        answers = await write_items(self._engine, items, now)
+        answers = await write_items(self._transaction, items, now)
         stored = stored_events(items, answers, now)
         if stored:
             self._on_stored(stored)

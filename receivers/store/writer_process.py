@@ -42,17 +42,19 @@ import struct
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
+import sqlalchemy
 from sqlalchemy import event
+from sqlalchemy.engine import Connection
 
 import receivers
 from receivers.store.batches import write_items
 from receivers.store.coalescer import AdaptiveGroupSize, Coalescer
-from receivers.store.engine import create_engine
+from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, json_text, sqlite_pragmas
 from receivers.store.records import (
     Arrival,
     Clock,
@@ -388,20 +390,41 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 
 async def serve(database: str, sock: socket.socket) -> None:
     """Write what comes over ``sock`` into ``database`` until the socket is closed."""
-    engine = create_engine(f"sqlite:///{database}")
-    event.listen(engine.sync_engine, "connect", _backstop_pragma(BACKSTOP_PAGES))
+    engine = sqlalchemy.create_engine(
+        f"sqlite:///{database}",
+        json_serializer=json_text,
+        connect_args={"timeout": CONNECT_TIMEOUT_SECONDS},
+    )
+    event.listen(engine, "connect", _writer_pragmas)
     checkpoints = WalCheckpointer(database)
     loop = asyncio.get_running_loop()
     closed = loop.create_future()
     transport: asyncio.Transport | None = None
 
+    connection: Connection | None = None
+
+    async def transaction(function: Callable[[Connection], Any]) -> Any:
+        """One connection for the process's life (a failed write opens a new one); the write
+        blocks this process's loop meanwhile: its input waits in the socket."""
+        nonlocal connection
+        if connection is None:
+            connection = engine.connect()
+        try:
+            with connection.begin():
+                return function(connection)
+        except Exception:
+            connection.close()
+            connection = None
+            raise
+
     async def write(group: list[tuple[Item, datetime]]) -> list[None]:
         now = max(sent for _, sent in group)
-        answers = await write_items(engine, [item for item, _ in group], now)
+        answers = await write_items(transaction, [item for item, _ in group], now)
         checkpoints.committed()
         if transport is not None and not transport.is_closing():
             transport.write(frame((now.isoformat(), [_wire(answer) for answer in answers])))
-        return [None] * len(group)
+        await asyncio.sleep(0)  # the write blocked the loop: read what arrived meanwhile, so
+        return [None] * len(group)  # that the next group takes it
 
     group = Coalescer(write, size=AdaptiveGroupSize())
 
@@ -424,7 +447,9 @@ async def serve(database: str, sock: socket.socket) -> None:
         await closed
         await group.drain()
     finally:
-        await engine.dispose()
+        if connection is not None:
+            connection.close()
+        engine.dispose()
         checkpoints.close()
 
 
@@ -434,13 +459,22 @@ def _wire(answer: Receipt | StoreUnavailable | None) -> WireAnswer:
     return None if answer is None else str(answer)
 
 
-def _backstop_pragma(pages: int) -> Any:
-    def apply(dbapi_connection: Any, _record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA wal_autocheckpoint={pages}")
-        cursor.close()
+def _writer_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """The store's pragmas, and the writer's own checkpoint threshold (see
+    :mod:`receivers.store.wal_checkpoints`)."""
+    sqlite_pragmas(dbapi_connection)
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
+    cursor.close()
 
-    return apply
+
+def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop where it is installed (as the server's), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it where it builds
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
 
 
 def main(argv: Sequence[str]) -> int:
@@ -451,7 +485,8 @@ def main(argv: Sequence[str]) -> int:
     logging.basicConfig(format="%(levelname)s: event writer process: %(message)s")
     sock = socket.socket(fileno=os.dup(sys.stdin.fileno()))
     try:
-        asyncio.run(serve(argv[1], sock))
+        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+            runner.run(serve(argv[1], sock))
     except (BrokenPipeError, ConnectionResetError):
         return 1  # the server is gone; what was acknowledged is committed
     return 0
