@@ -40,7 +40,8 @@ STATES = DestinationState.__table__
 KEEP_FIRST_ATTEMPTS = 3
 KEEP_LAST_ATTEMPTS = 20
 CLOCK_SKEW = timedelta(seconds=1)
-INSERT_CHUNK = 500
+LOOKUP_CHUNK = 500
+"""How many delivery ids one query looks up (well within every driver's parameter limit)."""
 JOB_BATCH = 50
 """How many new deliveries of one routing pass share one arq job (see :func:`route_events`)."""
 
@@ -143,9 +144,18 @@ async def route_events(
     ids = [row["id"] for row in rows]
     async with engine.begin() as conn:
         created = await insert_rows_async(conn, DELIVERIES, rows, ["event_id", "destination"])
-        if created < len(ids):
-            query = select(DELIVERIES.c.id).where(DELIVERIES.c.id.in_(ids))
-            ids = list((await conn.execute(query)).scalars())
+        if created < len(ids):  # some existed (a racing route): keep those made now
+            ids = [
+                found
+                for start in range(0, len(ids), LOOKUP_CHUNK)
+                for found in (
+                    await conn.execute(
+                        select(DELIVERIES.c.id).where(
+                            DELIVERIES.c.id.in_(ids[start : start + LOOKUP_CHUNK])
+                        )
+                    )
+                ).scalars()
+            ]
         await insert_rows_async(conn, ROUTED, markers, ["event_id"])
     created_ids = set(ids)
     return [Due(row["id"], 0, now, row["job_id"]) for row in rows if row["id"] in created_ids]

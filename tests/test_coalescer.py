@@ -237,3 +237,31 @@ async def test_the_coalescer_keeps_its_groups_small_while_calls_are_cheap() -> N
     group: Coalescer[int, int] = Coalescer(runner, size=sizes, clock=ticking(0.0))
     await group.submit_many(list(range(10)))
     assert runner.sizes == [2] * 5
+
+
+async def test_a_runner_that_answers_too_few_fails_its_whole_group_and_the_next_runs() -> None:
+    async def run(items: list[int]) -> list[int | BaseException]:
+        return [item * 10 for item in items][:-1] if len(items) > 1 else [items[0] * 10]
+
+    coalescer: Coalescer[int, int] = Coalescer(run)
+    results = await within(
+        asyncio.gather(coalescer.put(1), coalescer.put(2), return_exceptions=True)
+    )
+    assert all(isinstance(result, RuntimeError) for result in results)
+    assert await within(coalescer.submit(3)) == 30
+
+
+async def test_a_group_task_cancelled_before_it_starts_does_not_wedge_the_coalescer() -> None:
+    async def run(items: list[int]) -> list[int | BaseException]:
+        return [item * 10 for item in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(run)
+    first = coalescer.put(1)
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            task.cancel()  # the group's task, before its first step
+    await asyncio.sleep(0)
+    later = coalescer.put(2)
+    assert await within(later) == 20
+    assert first.done() or await within(first) == 10  # taken by the next group, or failed
+    await within(coalescer.drain())

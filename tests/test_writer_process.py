@@ -13,11 +13,14 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from itertools import combinations
+from pathlib import Path
 
 import pytest
+import sqlalchemy
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlmodel import SQLModel
 
-from receivers.store import writer_process
+from receivers.store import create_engine, writer_process
 from receivers.store.records import Receipt, StoreUnavailable
 from receivers.store.writer import EventWriter
 from receivers.store.writer_process import (
@@ -381,3 +384,23 @@ async def test_a_writer_process_and_another_writer_store_each_event_once(
         assert mine.event_id == their.event_id == rows[key]["id"]
         assert sorted([mine.duplicate, their.duplicate]) == [False, True]
         assert rows[key]["duplicates"] == 1
+
+
+async def test_a_database_path_with_percent_escapes_is_the_file_the_server_reads(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a%2541.db"  # a URL parser would read %25 as "%" and then %41 as "A"
+    engine = create_engine(sqlalchemy.URL.create("sqlite", database=str(path)).render_as_string())
+    async with engine.begin() as conn:
+        await conn.run_sync(SQLModel.metadata.create_all)
+    try:
+        async with running_client(engine) as client:
+            answer = await client.post(
+                f"/hooks/sms/inbound?token={TOKEN}", json=factories.sms_inbound()
+            )
+        assert answer.status_code == 200, answer.text
+        assert list(tmp_path.glob("*.db")) == [path]
+        stored = await stored_events(engine)
+        assert [row["id"] for row in stored.values()] == [answer.json()["id"]]
+    finally:
+        await engine.dispose()

@@ -133,8 +133,8 @@ async def write_items(
     """Write ``items`` in one transaction; their answers. When that fails for another reason
     than an unavailable database, each item is written alone, so that only the one at fault
     fails."""
-    rows = batch_rows(items, now)
     try:
+        rows = batch_rows(items, now)
         ids = await transaction(functools.partial(write_rows, rows=rows))
     except Exception as exc:
         if len(items) > 1 and not is_unavailable(exc):

@@ -140,21 +140,25 @@ class Coalescer(Generic[T, R]):
 
     async def drain(self) -> None:
         """Return once every call queued so far has run."""
-        while self._running is not None:
+        while self._running is not None and not self._running.done():
             await asyncio.wait([self._running])
 
     def _pump(self) -> None:
-        if self._running is None and self._queue:
+        if self._queue and (self._running is None or self._running.done()):
             self._running = asyncio.create_task(self._run_group())
 
     async def _run_group(self) -> None:
         """Run the next group: the calls queued by the time it starts (those made in the same
-        pass of the event loop as the first go with it), as many as the group size allows."""
-        count = self._size.take(len(self._queue), idle=self._idle)
-        group = [self._queue.popleft() for _ in range(max(count, 1))]
+        pass of the event loop as the first go with it), as many as the group size allows.
+        Every caller of the group gets an answer, whatever happens."""
+        group: list[tuple[T, asyncio.Future[R]]] = []
         started = self._clock()
         try:
+            count = self._size.take(len(self._queue), idle=self._idle)
+            group = [self._queue.popleft() for _ in range(min(max(count, 1), len(self._queue)))]
             results = await self._run([item for item, _ in group])
+            if len(results) != len(group):
+                raise RuntimeError(f"{len(results)} results for a group of {len(group)}")
         except BaseException as exc:  # the whole group failed: every caller sees why
             for _, future in group:
                 if future.done():

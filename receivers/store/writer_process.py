@@ -173,6 +173,7 @@ class ProcessLane:
         self._waiting: deque[tuple[Item, asyncio.Future[Any]]] = deque()
         self._flush_handle: asyncio.Handle | None = None
         self._restart: asyncio.TimerHandle | None = None
+        self._respawning: asyncio.Task[None] | None = None
         self._drained: asyncio.Event | None = None
         self._closing = False
 
@@ -285,13 +286,21 @@ class ProcessLane:
     def _start_again(self) -> None:
         self._restart = None
         assert self._loop is not None
-        task = self._loop.create_task(self._respawn())
-        task.add_done_callback(_log_failure)
+        self._respawning = self._loop.create_task(self._respawn())
 
     async def _respawn(self) -> None:
-        await self._reap()
-        if not self._closing:
-            await self._spawn()
+        """Start a new process; should that fail, try again after the restart delay."""
+        try:
+            await self._reap()
+            if not self._closing:
+                await self._spawn()
+        except Exception:
+            log.exception(
+                "could not start the event writer process; trying again in %.0f s",
+                RESTART_DELAY_SECONDS,
+            )
+            if not self._closing and self._loop is not None:
+                self._restart = self._loop.call_later(RESTART_DELAY_SECONDS, self._start_again)
 
     # --- items out, answers in -----------------------------------------------------------------
 
@@ -380,18 +389,13 @@ def _child_environment() -> dict[str, str]:
     return env
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("could not start the event writer process", exc_info=task.exception())
-
-
 # --- the process -------------------------------------------------------------------------------
 
 
 async def serve(database: str, sock: socket.socket) -> None:
     """Write what comes over ``sock`` into ``database`` until the socket is closed."""
     engine = sqlalchemy.create_engine(
-        f"sqlite:///{database}",
+        sqlalchemy.URL.create("sqlite", database=database),  # the path as given, not re-parsed
         json_serializer=json_text,
         connect_args={"timeout": CONNECT_TIMEOUT_SECONDS},
     )
@@ -419,10 +423,15 @@ async def serve(database: str, sock: socket.socket) -> None:
 
     async def write(group: list[tuple[Item, datetime]]) -> list[None]:
         now = max(sent for _, sent in group)
-        answers = await write_items(transaction, [item for item, _ in group], now)
-        checkpoints.committed()
+        try:
+            answers = [_wire(a) for a in await write_items(transaction, [i for i, _ in group], now)]
+        except Exception as exc:  # every item still gets its answer, in its place
+            log.exception("could not write a group")
+            answers = [type(exc).__name__] * len(group)
+        else:
+            checkpoints.committed()
         if transport is not None and not transport.is_closing():
-            transport.write(frame((now.isoformat(), [_wire(answer) for answer in answers])))
+            transport.write(frame((now.isoformat(), answers)))
         await asyncio.sleep(0)  # the write blocked the loop: read what arrived meanwhile, so
         return [None] * len(group)  # that the next group takes it
 
