@@ -307,27 +307,21 @@ def _count_copies(conn: Connection, events: list[Row]) -> dict[Identity, str]:
 def _fields(item: Item) -> Row:
     """The item's own fields (each a column of its table), caller-given text cut to its
     column's width (:data:`CLIPPED`: PostgreSQL refuses longer text, SQLite would keep it)."""
-    names, clipped = _layout(type(item))
-    row = dict(zip(names, _field_values(item), strict=True))
-    for name, width in clipped:
+    row = dict(vars(item))
+    for name, width in _clipped(type(item)):
         value = row[name]
         if isinstance(value, str) and len(value) > width:
             row[name] = value[:width]
     return row
 
 
-def _field_values(item: Item) -> tuple[Any, ...]:
-    """The item's field values, not copied (:func:`dataclasses.astuple` deep-copies)."""
-    return tuple(getattr(item, name) for name in _layout(type(item))[0])
-
-
 @functools.cache
-def _layout(kind: type) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
-    """An item type's field names, and those of its :data:`CLIPPED` columns with their widths."""
+def _clipped(kind: type) -> tuple[tuple[str, int], ...]:
+    """An item type's :data:`CLIPPED` fields and their columns' widths."""
     table = EVENTS if kind is Arrival else REJECTED
-    names = tuple(kind.__dataclass_fields__)
-    clipped = tuple((name, table.c[name].type.length) for name in names if name in CLIPPED)
-    return names, clipped
+    return tuple(
+        (name, table.c[name].type.length) for name in kind.__dataclass_fields__ if name in CLIPPED
+    )
 
 
 @functools.cache
