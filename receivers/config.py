@@ -27,6 +27,8 @@ class ReceiverConfig:
     (:mod:`receivers.store.writer_process`)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.writer_process, bool):
+            raise ValueError(f"writer_process must be true or false, not {self.writer_process!r}")
         networks = tuple(
             ip_network(n, strict=False) if isinstance(n, str) else n for n in self.trusted_proxies
         )

@@ -213,8 +213,6 @@ class ConnectionGuard:
     def place(self, connection: GuardedConnection) -> None:
         """File ``connection`` by its phase, as waiting from now on (in no slot while its
         request is answered)."""
-        if connection.slot is not None:
-            del connection.slot[connection]
         phase = connection.phase
         if phase is HEAD:
             slot: Slot | None = self.heads
@@ -222,20 +220,20 @@ class ConnectionGuard:
             slot = self.bodies
         else:
             slot = None if connection.awaiting_answer else self.idle
+        self._file(connection, slot)
+
+    def place_idle(self, connection: GuardedConnection) -> None:
+        """:meth:`place` for a connection that is idle from now on."""
+        self._file(connection, self.idle)
+
+    def _file(self, connection: GuardedConnection, slot: Slot | None) -> None:
+        if connection.slot is not None:
+            del connection.slot[connection]
         connection.slot = slot
         if slot is not None:
             slot[connection] = self.now()
             if self.timer is None:
                 self.arm()
-
-    def place_idle(self, connection: GuardedConnection) -> None:
-        """:meth:`place` for a connection that is idle from now on."""
-        if connection.slot is not None:
-            del connection.slot[connection]
-        connection.slot = idle = self.idle
-        idle[connection] = self.now()
-        if self.timer is None:
-            self.arm()
 
     def release(self, connection: GuardedConnection) -> None:
         """Count a connection out (it is closing)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers import ReceiverConfig, SourceConfig
 from receivers.store import queries
 from relay.settings import Settings, SettingsError, load_settings
 from relay.simulator import factories
@@ -54,3 +55,9 @@ async def test_events_are_stored_with_and_without_the_writer_process(
     assert len(children) == (1 if writer_process else 0)
     stored = await queries.get_event(sqlite_engine, answer.json()["id"])
     assert stored is not None and stored.payload["requestId"] == body["requestId"]
+
+
+@pytest.mark.parametrize("value", ["false", "", 0, None])
+def test_a_receiver_config_writer_process_must_be_a_boolean(value: object) -> None:
+    with pytest.raises(ValueError, match="writer_process must be true or false"):
+        ReceiverConfig(sources={"default": SourceConfig(token=TOKEN)}, writer_process=value)  # type: ignore[arg-type]

@@ -43,6 +43,7 @@ from tests.store_support import (
     rejected_bodies,
     rejection,
     stored_events,
+    within,
     writer_processes,
 )
 
@@ -237,6 +238,20 @@ async def test_an_item_the_wire_cannot_carry_fails_alone(
     rows = await stored_events(sqlite_engine)
     assert set(rows) == {"a", "b"}  # each answer went to its own caller
     assert (rows["a"]["id"], rows["b"]["id"]) == (first.event_id, last.event_id)
+
+
+async def test_an_event_whose_caller_left_is_still_reported_as_stored(
+    lane: tuple[ProcessLane, Stored], sqlite_engine: AsyncEngine
+) -> None:
+    writer, stored = lane
+    gone = writer.submit(arrival("gone"))
+    gone.cancel()  # the caller disconnected while its event was being written
+    kept = await within(writer.submit(arrival("kept")))
+
+    assert isinstance(kept, Receipt)
+    await eventually(lambda: len(stored) == 2)
+    assert sorted(event.payload["requestId"] for event in stored) == ["gone", "kept"]
+    assert set(await stored_events(sqlite_engine)) == {"gone", "kept"}
 
 
 async def test_a_full_frame_is_sent_before_the_event_loop_is_free_again(

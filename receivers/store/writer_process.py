@@ -52,7 +52,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 import receivers
-from receivers.store.batches import write_items
+from receivers.store.batches import stored_events, write_items
 from receivers.store.coalescer import AdaptiveGroupSize, Coalescer
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, json_text, sqlite_pragmas
 from receivers.store.records import (
@@ -62,7 +62,6 @@ from receivers.store.records import (
     OnStored,
     Receipt,
     Rejection,
-    StoredEvent,
     StoreUnavailable,
 )
 from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
@@ -339,26 +338,25 @@ class ProcessLane:
         return sendable
 
     def _answered(self, received_at: str, answers: list[WireAnswer]) -> None:
-        at = datetime.fromisoformat(received_at)
-        stored: list[StoredEvent] = []
-        waiting = self._waiting
+        """Settle the oldest waiting callers; the newly stored events go to ``on_stored``, also
+        those whose caller has gone meanwhile."""
+        items: list[Item] = []
+        settled: list[Receipt | StoreUnavailable | None] = []
         for answer in answers:
-            item, future = waiting.popleft()
+            item, future = self._waiting.popleft()
+            outcome = _unwire(answer)
+            items.append(item)
+            settled.append(outcome)
             if future.done():
                 continue
-            if answer is None:
-                future.set_result(None)
-            elif isinstance(answer, str):
-                future.set_exception(StoreUnavailable(answer))
+            if isinstance(outcome, StoreUnavailable):
+                future.set_exception(outcome)
             else:
-                event_id, duplicate = answer
-                if not duplicate:
-                    assert isinstance(item, Arrival)
-                    stored.append(StoredEvent(event_id, item.source, item.kind, at, item.payload))
-                future.set_result(Receipt(event_id, duplicate))
+                future.set_result(outcome)
+        stored = stored_events(items, settled, datetime.fromisoformat(received_at))
         if stored:
             self._on_stored(stored)
-        if not waiting and self._drained is not None:
+        if not self._waiting and self._drained is not None:
             self._drained.set()
 
 
@@ -460,6 +458,12 @@ async def serve(database: str, sock: socket.socket) -> None:
             connection.close()
         engine.dispose()
         checkpoints.close()
+
+
+def _unwire(answer: WireAnswer) -> Receipt | StoreUnavailable | None:
+    if isinstance(answer, str):
+        return StoreUnavailable(answer)
+    return None if answer is None else Receipt(*answer)
 
 
 def _wire(answer: Receipt | StoreUnavailable | None) -> WireAnswer:
