@@ -26,7 +26,6 @@ except ImportError:  # pragma: no cover - Windows counts no sockets against an o
 
 log = logging.getLogger(__name__)
 
-"""Allocations between collections of the youngest generation (Python's default: 700)."""
 OTHER_FILES = 256
 """Open files kept for everything but client connections: the database and its writer process,
 the embedded worker's outgoing connections (up to 200), logs, Redis."""

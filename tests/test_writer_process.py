@@ -21,12 +21,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel import SQLModel
 
 from receivers.store import create_engine, writer_process
-from receivers.store.records import Receipt, StoreUnavailable
+from receivers.store.batches import batch_rows, write_rows
+from receivers.store.records import Receipt, StoreUnavailable, identity
 from receivers.store.writer import EventWriter
 from receivers.store.writer_process import (
     FRAME_ITEMS,
     FrameReader,
     ProcessLane,
+    WriterConnection,
     frame,
     item_of,
     record_of,
@@ -34,6 +36,7 @@ from receivers.store.writer_process import (
 from relay.simulator import factories
 from tests.conftest import TOKEN, running_client
 from tests.store_support import (
+    EVENTS,
     NOW,
     Stored,
     arrival,
@@ -174,6 +177,30 @@ async def test_the_process_groups_what_has_arrived_sixteen_at_first(
     rows = await stored_events(sqlite_engine)
     assert rows[keys[0]]["received_at"] == later and rows[keys[15]]["received_at"] == later
     assert rows[keys[99]]["received_at"] == late
+
+
+async def test_the_process_writes_in_transactions_beside_its_autocommitted_shortcut(
+    database: str, sqlite_engine: AsyncEngine
+) -> None:
+    """The process's connection autocommits (the shortcut for new events is one statement);
+    every other write is still one transaction, rolled back as a whole when it fails."""
+    connection = WriterConnection(database)
+    try:
+        rows = batch_rows([arrival("new")], NOW)
+        assert connection.new_events(rows) == {identity(rows.events[0]): rows.events[0]["id"]}
+
+        def insert_then_fail(conn: sqlalchemy.Connection) -> None:
+            conn.execute(sqlalchemy.insert(EVENTS), batch_rows([arrival("lost")], NOW).events)
+            raise RuntimeError("after the insert")
+
+        with pytest.raises(RuntimeError):
+            await connection.transaction(insert_then_fail)
+        assert await connection.transaction(
+            lambda conn: write_rows(conn, batch_rows([arrival("kept")], NOW))
+        )
+    finally:
+        connection.dispose()
+    assert sorted(await stored_events(sqlite_engine)) == ["kept", "new"]
 
 
 def test_the_process_starts_without_the_web_stack() -> None:

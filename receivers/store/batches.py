@@ -127,20 +127,33 @@ def in_transaction(engine: AsyncEngine) -> Transaction:
     return run
 
 
+NewEvents = Callable[[BatchRows], Mapping[Identity, str] | None]
+"""A shortcut for the usual group: writes rows that are all new events and answers their ids,
+or writes nothing and answers None (see :func:`insert_new_events`)."""
+
+
 async def write_items(
-    transaction: Transaction, items: Sequence[Item], now: datetime
+    transaction: Transaction,
+    items: Sequence[Item],
+    now: datetime,
+    *,
+    new_events: NewEvents | None = None,
 ) -> list[Answer]:
-    """Write ``items`` in one transaction; their answers. When that fails for another reason
-    than an unavailable database, each item is written alone, so that only the one at fault
-    fails."""
+    """Write ``items`` in one transaction; their answers. ``new_events`` is tried first when
+    given. When the write fails for another reason than an unavailable database, each item is
+    written alone, so that only the one at fault fails."""
     try:
         rows = batch_rows(items, now)
-        ids = await transaction(functools.partial(write_rows, rows=rows))
+        ids = new_events(rows) if new_events is not None else None
+        if ids is None:
+            ids = await transaction(functools.partial(write_rows, rows=rows))
     except Exception as exc:
         if len(items) > 1 and not is_unavailable(exc):
             log.warning("batch write failed (%s); writing its items one by one", type(exc).__name__)
             return [
-                answer for item in items for answer in await write_items(transaction, [item], now)
+                answer
+                for item in items
+                for answer in await write_items(transaction, [item], now, new_events=new_events)
             ]
         log.error("could not store %d item(s): %s", len(items), type(exc).__name__, exc_info=exc)
         return [StoreUnavailable(type(exc).__name__) for _ in items]
@@ -165,6 +178,30 @@ def write_rows(conn: Connection, rows: BatchRows) -> dict[Identity, str]:
         )
         conn.execute(upsert, rows.rejections)
     return ids
+
+
+def insert_new_events(
+    connection: sqlite3.Connection, rows: BatchRows, dialect: Dialect
+) -> dict[Identity, str] | None:
+    """The usual group on SQLite (new events, nothing quarantined) as one plain multi-row
+    ``INSERT`` on a driver connection in autocommit mode: one call into SQLite, where the
+    general way (:func:`write_rows` in a transaction) takes three (BEGIN, INSERT, COMMIT) and
+    SQLAlchemy's transaction around them. Answers the events' ids; None, with nothing written,
+    when the rows are anything else, too many for one statement, or any of them is stored
+    already (the statement then fails as a whole).
+
+    A speed trick of the writer process (:mod:`receivers.store.writer_process`), which alone
+    uses it: ``scripts/bench_ingest.py`` measured a median ratio of 0.57 with it against 0.48
+    without (5 alternating runs each). Off: call :func:`write_items` without ``new_events``."""
+    events = rows.events
+    if rows.rejections or not events or len(events) * len(events[0]) > SQLITE_MAX_PARAMETERS:
+        return None
+    ((sql, values),) = _sqlite_inserts(EVENTS, events, (), dialect)
+    try:
+        connection.execute(sql, values)
+    except sqlite3.IntegrityError:
+        return None
+    return {identity(row): row["id"] for row in events}
 
 
 def insert_rows(
@@ -234,12 +271,11 @@ def _sqlite_inserts(
 
 @functools.lru_cache(maxsize=1024)
 def _insert_sql(table: str, names: tuple[str, ...], conflict: tuple[str, ...], count: int) -> str:
-    """``INSERT ... VALUES (...), (...) ON CONFLICT (...) DO NOTHING`` for ``count`` rows."""
+    """``INSERT ... VALUES (...), (...) ON CONFLICT (...) DO NOTHING`` for ``count`` rows; with
+    no ``conflict`` columns, a plain insert (which fails as a whole on any conflict)."""
     values = "(" + ", ".join("?" * len(names)) + ")"
-    return (
-        f"INSERT INTO {table} ({', '.join(names)}) VALUES {', '.join([values] * count)}"
-        f" ON CONFLICT ({', '.join(conflict)}) DO NOTHING"
-    )
+    sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES {', '.join([values] * count)}"
+    return f"{sql} ON CONFLICT ({', '.join(conflict)}) DO NOTHING" if conflict else sql
 
 
 def _values(

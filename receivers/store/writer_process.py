@@ -15,8 +15,10 @@ end of a socket pair as standard input. Each item is handed over as it comes (ev
 then go in one frame). The process (:func:`serve`) groups what arrives with a
 :class:`~receivers.store.coalescer.Coalescer` (each group takes what has arrived by the time its
 write starts) and writes each group with :func:`~receivers.store.batches.write_items`, the
-store's one write path; its answers settle the callers' futures in arrival order, and WAL
-checkpoints run beside it (:mod:`receivers.store.wal_checkpoints`).
+store's one write path, which tries :func:`~receivers.store.batches.insert_new_events` first
+(the usual group: one statement in autocommit mode, see there for its figure); its answers
+settle the callers' futures in arrival order, and WAL checkpoints run beside it
+(:mod:`receivers.store.wal_checkpoints`).
 
 Should the process die, the callers still waiting get :class:`StoreUnavailable` (503: the
 platform retries, and an item that was committed after all is then a duplicate), the callbacks
@@ -38,11 +40,12 @@ import marshal
 import os
 import signal
 import socket
+import sqlite3
 import struct
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -52,12 +55,13 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 import receivers
-from receivers.store.batches import stored_events, write_items
+from receivers.store.batches import BatchRows, insert_new_events, stored_events, write_items
 from receivers.store.coalescer import AdaptiveGroupSize, Coalescer
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, json_text, sqlite_pragmas
 from receivers.store.records import (
     Arrival,
     Clock,
+    Identity,
     Item,
     OnStored,
     Receipt,
@@ -390,39 +394,70 @@ def _child_environment() -> dict[str, str]:
 # --- the process -------------------------------------------------------------------------------
 
 
+class WriterConnection:
+    """The process's one connection to the database (a failed write opens a new one). Each
+    write blocks the process's loop meanwhile: its input waits in the socket."""
+
+    def __init__(self, database: str) -> None:
+        self._engine = sqlalchemy.create_engine(
+            sqlalchemy.URL.create("sqlite", database=database),  # the path as given, not re-parsed
+            json_serializer=json_text,
+            connect_args={"timeout": CONNECT_TIMEOUT_SECONDS},
+        )
+        event.listen(self._engine, "connect", _writer_pragmas)
+        event.listen(self._engine, "begin", _begin)
+        self._connection: Connection | None = None
+
+    async def transaction(self, function: Callable[[Connection], Any]) -> Any:
+        """A :data:`~receivers.store.batches.Transaction`."""
+        connection = self._connected()
+        try:
+            with connection.begin():
+                return function(connection)
+        except Exception:
+            self.close()
+            raise
+
+    def new_events(self, rows: BatchRows) -> Mapping[Identity, str] | None:
+        """The shortcut for a group of new events (:func:`insert_new_events`)."""
+        connection = self._connected()
+        driver = connection.connection.dbapi_connection
+        assert isinstance(driver, sqlite3.Connection)
+        try:
+            return insert_new_events(driver, rows, self._engine.dialect)
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def dispose(self) -> None:
+        self.close()
+        self._engine.dispose()
+
+    def _connected(self) -> Connection:
+        if self._connection is None:
+            self._connection = self._engine.connect()
+        return self._connection
+
+
 async def serve(database: str, sock: socket.socket) -> None:
     """Write what comes over ``sock`` into ``database`` until the socket is closed."""
-    engine = sqlalchemy.create_engine(
-        sqlalchemy.URL.create("sqlite", database=database),  # the path as given, not re-parsed
-        json_serializer=json_text,
-        connect_args={"timeout": CONNECT_TIMEOUT_SECONDS},
-    )
-    event.listen(engine, "connect", _writer_pragmas)
+    store = WriterConnection(database)
     checkpoints = WalCheckpointer(database)
     loop = asyncio.get_running_loop()
     closed = loop.create_future()
     transport: asyncio.Transport | None = None
 
-    connection: Connection | None = None
-
-    async def transaction(function: Callable[[Connection], Any]) -> Any:
-        """One connection for the process's life (a failed write opens a new one); the write
-        blocks this process's loop meanwhile: its input waits in the socket."""
-        nonlocal connection
-        if connection is None:
-            connection = engine.connect()
-        try:
-            with connection.begin():
-                return function(connection)
-        except Exception:
-            connection.close()
-            connection = None
-            raise
-
     async def write(group: list[tuple[Item, datetime]]) -> list[None]:
         now = max(sent for _, sent in group)
+        items = [item for item, _ in group]
         try:
-            answers = [_wire(a) for a in await write_items(transaction, [i for i, _ in group], now)]
+            written = await write_items(store.transaction, items, now, new_events=store.new_events)
+            answers = [_wire(answer) for answer in written]
         except Exception as exc:  # every item still gets its answer, in its place
             log.exception("could not write a group")
             answers = [type(exc).__name__] * len(group)
@@ -454,9 +489,7 @@ async def serve(database: str, sock: socket.socket) -> None:
         await closed
         await group.drain()
     finally:
-        if connection is not None:
-            connection.close()
-        engine.dispose()
+        store.dispose()
         checkpoints.close()
 
 
@@ -473,12 +506,19 @@ def _wire(answer: Receipt | StoreUnavailable | None) -> WireAnswer:
 
 
 def _writer_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    """The store's pragmas, and the writer's own checkpoint threshold (see
-    :mod:`receivers.store.wal_checkpoints`)."""
+    """The store's pragmas, the writer's own checkpoint threshold (see
+    :mod:`receivers.store.wal_checkpoints`), and the driver in autocommit mode, so that the
+    shortcut's one statement is a transaction of its own; SQLAlchemy's transactions then begin
+    with :func:`_begin` (the recipe of SQLAlchemy's SQLite dialect documentation)."""
     sqlite_pragmas(dbapi_connection)
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
     cursor.close()
+
+
+def _begin(connection: Connection) -> None:
+    connection.exec_driver_sql("BEGIN")
 
 
 def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
