@@ -123,6 +123,11 @@ async def prepare_database(engine: AsyncEngine) -> None:
     if engine.dialect.name == "sqlite":
         await migrate.upgrade(engine)
         return
+    await require_current_schema(engine)
+
+
+async def require_current_schema(engine: AsyncEngine) -> None:
+    """A :class:`SettingsError` unless the database's schema is the one this version needs."""
     current, head = await migrate.current_revision(engine), migrate.head_revision()
     if current != head:
         raise SettingsError(

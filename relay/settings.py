@@ -26,6 +26,9 @@ from relay.policies import Policy, PolicyConfigs, resolve_policies
 from relay.router import PLATFORM_POLICY
 
 CONFIG_ENV = "RELAY_CONFIG"
+LOCAL_CONFIG = "relay.toml"
+"""The config file a command reads from its working directory when neither ``--config`` nor
+``RELAY_CONFIG`` names one."""
 DEFAULT_DATABASE_URL = "sqlite:///relay.db"
 NAME_LENGTH = 64
 """The longest destination or policy name (the width of the deliveries' columns)."""
@@ -145,10 +148,18 @@ class Settings(BaseSettings):
         return env_settings, init_settings
 
 
-def config_path(given: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
-    """The config file: ``--config``, else ``RELAY_CONFIG``, else none."""
+def config_path(
+    given: str | os.PathLike[str] | None,
+    environ: Mapping[str, str],
+    directory: Path | None = None,
+) -> Path | None:
+    """The config file: ``--config``, else ``RELAY_CONFIG``, else :data:`LOCAL_CONFIG` in
+    ``directory`` (the working directory by default) when there is one, else none."""
     chosen = given or environ.get(CONFIG_ENV)
-    return Path(chosen) if chosen else None
+    if chosen:
+        return Path(chosen)
+    local = (directory or Path.cwd()) / LOCAL_CONFIG
+    return local if local.is_file() else None
 
 
 def load_settings(path: Path | None) -> Settings:
@@ -159,6 +170,11 @@ def load_settings(path: Path | None) -> Settings:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise SettingsError(f"config file {path} does not exist") from None
+        except UnicodeDecodeError:
+            raise SettingsError(f"config file {path} is not UTF-8 text") from None
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise SettingsError(f"config file {path} cannot be read: {reason}") from None
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
     try:

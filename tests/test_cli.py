@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 
 import asyncpg
@@ -17,7 +19,7 @@ from receivers.store.tables import ReceivedEvent, RejectedBody
 from relay import migrate
 from relay.bootstrap import generated_token
 from relay.cli import main
-from relay.settings import NAME_LENGTH, SettingsError, load_settings
+from relay.settings import NAME_LENGTH, SettingsError, config_path, load_settings
 from relay.simulator import factories
 from relay.tables import Delivery, DestinationState
 from tests.conftest import PG_ADMIN_DSN, TOKEN, running_client, service_missing
@@ -228,3 +230,98 @@ def test_a_database_that_cannot_be_used_is_one_clear_line(
     [line] = result.output.splitlines()
     assert line.startswith("Error: cannot connect to the database at postgresql")
     assert reason in line and "hunter2" not in line
+
+
+# --- finding the configuration, and a store that is not there ----------------------------------
+
+
+def test_the_config_is_the_option_else_the_environment_else_relay_toml_here(
+    tmp_path: Path,
+) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    assert config_path(None, {}, here) is None
+    (here / "relay.toml").mkdir()  # not a file: not a config
+    assert config_path(None, {}, here) is None
+    (here / "relay.toml").rmdir()
+    (here / "relay.toml").write_text("")
+    assert config_path(None, {}, here) == here / "relay.toml"
+    assert config_path(None, {"RELAY_CONFIG": ""}, here) == here / "relay.toml"
+    assert config_path(None, {"RELAY_CONFIG": "/etc/r.toml"}, here) == Path("/etc/r.toml")
+    assert config_path("given.toml", {"RELAY_CONFIG": "/etc/r.toml"}, here) == Path("given.toml")
+
+
+def test_commands_read_relay_toml_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'found.db'}"
+    write_config(tmp_path, url)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RELAY_CONFIG", raising=False)
+    assert migrate.head_revision() in relay("db", "upgrade")
+    ids, _ = asyncio.run(store_some(url))
+    assert {event["id"] for event in json.loads(relay("events", "list", "--json"))} == set(ids)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["events", "list"],
+        ["events", "show", "x"],
+        ["rejected", "list"],
+        ["deliveries", "list"],
+        ["destinations", "list"],
+        ["db", "current"],
+    ],
+)
+def test_reading_a_store_that_does_not_exist_is_one_line_and_creates_nothing(
+    tmp_path: Path, command: list[str]
+) -> None:
+    database = tmp_path / "never.db"
+    config = str(write_config(tmp_path, f"sqlite:///{database}"))
+    result = CliRunner().invoke(main, [*command, "--config", config])
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines() == [
+        f"Error: there is no database at {database}: `relay serve` or `relay db upgrade` creates it"
+    ]
+    assert not database.exists()
+
+
+@pytest.mark.parametrize("command", [["events", "list"], ["deliveries", "list"]])
+def test_reading_a_store_that_is_not_migrated_is_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    database = tmp_path / "other.db"
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        connection.execute("CREATE TABLE unrelated (x)")
+    config = str(write_config(tmp_path, f"sqlite:///{database}"))
+    result = CliRunner().invoke(main, [*command, "--config", config])
+    assert result.exit_code == 1, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith("Error: the database schema is at revision none")
+    assert "relay db upgrade" in line
+    current = CliRunner().invoke(main, ["db", "current", "--config", config])
+    assert current.exit_code == 0 and current.output.startswith("database: empty")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot be read"),  # a directory
+        (b"\xff\xfe[sources]", "is not UTF-8 text"),
+        (b"database_url = ", "is not valid TOML"),
+        (b"x" * 1_000_000, "is not valid TOML"),
+    ],
+)
+def test_an_unreadable_config_file_is_one_line(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    config = tmp_path / "relay.toml"
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+    result = CliRunner().invoke(main, ["events", "list"], env={"RELAY_CONFIG": str(config)})
+    assert result.exit_code == 1
+    [line] = result.output.splitlines()
+    assert message in line and line.startswith(f"Error: config file {config}")

@@ -7,7 +7,7 @@ The receivers write events through :class:`~receivers.store.writer.EventWriter`;
 from receivers.ids import new_id
 from receivers.store.batches import insert_rows, insert_rows_async
 from receivers.store.coalescer import Coalescer
-from receivers.store.engine import create_engine
+from receivers.store.engine import create_engine, sqlite_file
 from receivers.store.records import Clock, StoredEvent, utc_now
 from receivers.store.tables import ReceivedEvent, RejectedBody, UTCDateTime
 
@@ -22,5 +22,6 @@ __all__ = [
     "insert_rows",
     "insert_rows_async",
     "new_id",
+    "sqlite_file",
     "utc_now",
 ]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from receivers.store import create_engine
+from receivers.store import create_engine, sqlite_file
 from relay import outbox
 from relay.jobs import JobQueue, open_pool
 from relay.settings import Settings, SettingsError, config_path, load_settings
@@ -21,7 +22,10 @@ config_option = click.option(
     "config_file",
     type=click.Path(dir_okay=False),
     default=None,
-    help="TOML config file (default: $RELAY_CONFIG; none = embedded defaults).",
+    help=(
+        "TOML config file (default: $RELAY_CONFIG, else ./relay.toml if there is one; "
+        "none: the embedded defaults)."
+    ),
 )
 
 
@@ -47,14 +51,26 @@ def run(
         raise click.ClickException(f"cannot reach the database: {exc}") from None
 
 
-async def with_engine(settings: Settings, action: Any) -> Any:
+async def with_engine(
+    settings: Settings, action: Any, *, create: bool = False, migrated: bool = True
+) -> Any:
     """Run ``action(engine)`` on a fresh engine for the configured database, once it is known
-    to be reachable (else a clean error, see :func:`relay.runtime.connect_database`)."""
-    from relay.runtime import connect_database
+    to be reachable (else a clean error, see :func:`relay.runtime.connect_database`). A SQLite
+    file that does not exist is an error unless ``create``: connecting would leave an empty
+    one behind; a schema behind this version's is an error while ``migrated``."""
+    from relay.runtime import connect_database, require_current_schema
 
     engine = create_engine(settings.database_url)
     try:
+        database = sqlite_file(engine)
+        if not create and database is not None and not Path(database).is_file():
+            raise SettingsError(
+                f"there is no database at {database}: `relay serve` or `relay db upgrade` "
+                "creates it"
+            )
         await connect_database(engine)
+        if migrated:
+            await require_current_schema(engine)
         return await action(engine)
     finally:
         await engine.dispose()

@@ -73,7 +73,8 @@ def db_upgrade(config_file: str | None) -> None:
         await migrate.upgrade(engine)
         return await migrate.current_revision(engine)
 
-    click.echo(f"database at revision {run(with_engine(settings, upgrade))}")
+    revision = run(with_engine(settings, upgrade, create=True, migrated=False))
+    click.echo(f"database at revision {revision}")
 
 
 @db.command("current")
@@ -82,5 +83,5 @@ def db_current(config_file: str | None) -> None:
     """Show the database's schema revision and the one this version needs."""
     settings = load_settings_or_exit(config_file)
 
-    current = run(with_engine(settings, migrate.current_revision))
+    current = run(with_engine(settings, migrate.current_revision, migrated=False))
     click.echo(f"database: {current or 'empty'}; this version needs: {migrate.head_revision()}")
