@@ -281,6 +281,22 @@ class Deliverer:
         if not recorded:
             log.warning("lease of delivery %s expired during its attempt", delivery.id)
             return None
+        if not outcome.ok:
+            log.info(
+                "attempt %d of delivery %s to %s failed: %s; %s",
+                delivery.attempts + 1,
+                delivery.id,
+                delivery.destination,
+                result.error or f"HTTP {result.status_code}",
+                f"next attempt at {next_at.isoformat()}" if next_at else status,
+                extra={
+                    "event_id": delivery.event_id,
+                    "delivery_id": delivery.id,
+                    "destination": delivery.destination,
+                    "attempt": delivery.attempts + 1,
+                    "status_code": result.status_code,
+                },
+            )
         if status == DEAD:
             log.warning(
                 "delivery %s to %s is dead after %d attempts",

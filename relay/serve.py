@@ -83,6 +83,7 @@ def server_config(
         port=port,
         http=guard.protocol_factory(HttpToolsProtocol),  # type: ignore[arg-type]
         ws="none",  # no receiver speaks WebSocket
+        log_config=None,  # records go to the handler of relay.logs.configure_logging
         log_level=log_level,
         access_log=access_log,
         proxy_headers=False,  # X-Forwarded-For is judged by trusted_proxies, per source

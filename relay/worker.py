@@ -22,6 +22,7 @@ from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay.delivery import AttemptsFailed
+from relay.destinations.errors import without_credentials
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
 from relay.outbox import Due
 from relay.services import WorkerServices, lease_for, worker_services
@@ -58,6 +59,24 @@ def not_this_job(due: list[Due], job_id: str | None) -> list[Due]:
     ]
 
 
+def started_line(settings: Settings) -> str:
+    """What a worker says when it starts: its destinations, queue, database and concurrency
+    (addresses without credentials)."""
+    destinations = ", ".join(
+        f"{name} ({destination.type})" for name, destination in settings.destinations.items()
+    )
+    queue = (
+        f"Redis at {without_credentials(settings.redis_url)}"
+        if settings.redis_url
+        else "in this process (embedded)"
+    )
+    return (
+        f"relay worker started: destinations {destinations or 'none'}; queue {queue}; "
+        f"database {without_credentials(settings.database_url)}; "
+        f"concurrency {settings.worker_concurrency}"
+    )
+
+
 def build_worker(
     settings: Settings,
     engine: AsyncEngine,
@@ -75,6 +94,7 @@ def build_worker(
         services = worker_services(settings, engine, pool, clock)
         ctx[SERVICES] = services
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
+        log.info(started_line(settings))
 
     async def shutdown(ctx: dict[str, Any]) -> None:
         if sweeper_task is not None:
@@ -132,7 +152,6 @@ class EmbeddedWorker(RelayWorker):
         self._work_in_sight.set()
 
     async def main(self) -> None:
-        log.info("embedded relay worker started (fakeredis, in-process)")
         self.ctx["redis"] = self.pool
         if self.on_startup:
             await self.on_startup(self.ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -11,6 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay import inspect, outbox
+from relay.logs import CONTEXT_FIELDS
 from relay.simulator import factories
 from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
 from tests.relay_support import START, Clock, Relay, store_events
@@ -160,6 +162,40 @@ async def test_failures_follow_the_policy_then_succeed(
     shown = await inspect.get_delivery(engine, due.id)
     assert shown is not None
     assert [a["status_code"] for a in shown["attempt_log"]] == [500, 302, 204]
+
+
+async def test_each_failed_attempt_is_one_info_line_with_its_context(
+    engine: AsyncEngine,
+    clock: Clock,
+    sink: Sink,
+    relay_factory: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay = relay_factory({"crm": {"type": "http", "url": sink.url(), "policy": "standard"}})  # type: ignore[operator]
+    sink.script["/hook"] = [Answer(503), Answer(204)]
+    [event_id] = await store_events(engine, [("/hooks/tts/events", factories.tts_event())], clock)
+    [due] = await relay.route_all()
+
+    with caplog.at_level(logging.INFO, logger="relay.delivery"):
+        first = await relay.deliverer.attempt(due.id)
+        assert first is not None
+        clock.to(first.at)
+        assert await relay.deliverer.attempt(due.id) is None  # succeeds: no line
+
+    [line] = [r for r in caplog.records if r.name == "relay.delivery"]
+    assert line.levelno == logging.INFO
+    assert line.getMessage() == (
+        f"attempt 1 of delivery {due.id} to crm failed: HTTP 503 Service Unavailable; "
+        f"next attempt at {first.at.isoformat()}"
+    )
+    context = {key: getattr(line, key) for key in CONTEXT_FIELDS if hasattr(line, key)}
+    assert context == {
+        "event_id": event_id,
+        "delivery_id": due.id,
+        "destination": "crm",
+        "attempt": 1,
+        "status_code": 503,
+    }
 
 
 @pytest.mark.slow

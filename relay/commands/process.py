@@ -7,6 +7,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay import migrate
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
+from relay.logs import LOG_FORMATS, LOG_LEVELS, LogFormat, configure_logging
+
+log_level_option = click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    envvar="RELAY_LOG_LEVEL",
+    type=click.Choice(LOG_LEVELS),
+    help="Least severe records printed ($RELAY_LOG_LEVEL).",
+)
+log_format_option = click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    envvar="RELAY_LOG_FORMAT",
+    type=click.Choice(LOG_FORMATS),
+    help="text, or json: one JSON object per line ($RELAY_LOG_FORMAT).",
+)
 
 
 @click.command()
@@ -25,22 +43,26 @@ from relay.commands.common import config_option, load_settings_or_exit, run, wit
     envvar=["RELAY_PORT", "PORT"],
     help="Port to listen on ($RELAY_PORT or $PORT).",
 )
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-)
+@log_level_option
+@log_format_option
 @click.option(
     "--access-log/--no-access-log", default=True, show_default=True, help="Log every request."
 )
 @config_option
-def serve(host: str, port: int, log_level: str, access_log: bool, config_file: str | None) -> None:
+def serve(
+    host: str,
+    port: int,
+    log_level: str,
+    log_format: LogFormat,
+    access_log: bool,
+    config_file: str | None,
+) -> None:
     """Run the receivers (and the embedded relay worker) with uvicorn."""
     from relay.serve import event_loop_factory
     from relay.serve import serve as run_server
 
     settings = load_settings_or_exit(config_file)
+    configure_logging(log_level, log_format)
     run(
         run_server(settings, host, port, log_level, access_log=access_log),
         loop_factory=event_loop_factory(),
@@ -48,14 +70,18 @@ def serve(host: str, port: int, log_level: str, access_log: bool, config_file: s
 
 
 @click.command()
+@log_level_option
+@log_format_option
 @config_option
-def worker(config_file: str | None) -> None:
+def worker(log_level: str, log_format: LogFormat, config_file: str | None) -> None:
     """Run a relay worker (and its sweeper) on the configured Redis."""
     from relay.runtime import run_worker
     from relay.worker import shorten_switch_interval
 
+    settings = load_settings_or_exit(config_file)
+    configure_logging(log_level, log_format)
     shorten_switch_interval()
-    run(run_worker(load_settings_or_exit(config_file)))
+    run(run_worker(settings))
 
 
 @click.group()

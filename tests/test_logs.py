@@ -1,0 +1,124 @@
+"""What `relay serve` and `relay worker` print: text or JSON lines, the level chosen, a delivery's
+context on its records, tokens masked whatever logger wrote them."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from relay.cli import main
+from relay.logs import configure_logging
+from tests.conftest import TOKEN
+from tests.store_support import child_environment
+from tests.support import free_port
+
+
+@pytest.fixture
+def root_logger() -> Iterator[None]:
+    """Put the root logger back as it was after the test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def captured(log_format: str, level: str = "info") -> io.StringIO:
+    stream = io.StringIO()
+    handler = configure_logging(level, log_format)  # type: ignore[arg-type]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    return stream
+
+
+CONTEXT = {"event_id": "e1", "delivery_id": "d1", "destination": "crm", "attempt": 2}
+
+
+def test_json_lines_carry_the_context_and_mask_tokens(root_logger: None) -> None:
+    stream = captured("json")
+    logging.getLogger("relay.delivery").info("attempt %d failed", 2, extra=CONTEXT)
+    logging.getLogger("anything.else").warning("GET /hooks/sms/dlr?token=%s", "s3cret-value")
+    logging.getLogger("relay.delivery").debug("not shown at info")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("relay").exception("with a traceback")
+
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert len(lines) == 3
+    first, second, third = lines
+    assert first["message"] == "attempt 2 failed" and first["level"] == "info"
+    assert first["logger"] == "relay.delivery" and first["time"].endswith("+00:00")
+    assert {key: first[key] for key in CONTEXT} == CONTEXT
+    assert second["message"] == "GET /hooks/sms/dlr?token=***"
+    assert "s3cret-value" not in stream.getvalue()
+    assert "ValueError: boom" in third["exception"]
+
+
+def test_text_lines_append_the_context(root_logger: None) -> None:
+    stream = captured("text", "warning")
+    logging.getLogger("relay.delivery").info("below the level")
+    logging.getLogger("relay.delivery").warning("dead", extra=CONTEXT)
+    [line] = stream.getvalue().splitlines()
+    assert line.endswith(
+        " WARNING relay.delivery: dead event_id=e1 delivery_id=d1 destination=crm attempt=2"
+    )
+
+
+def test_an_unknown_level_is_refused(root_logger: None) -> None:
+    with pytest.raises(ValueError, match="unknown log level"):
+        configure_logging("loud")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--log-format", "xml"), ("--log-level", "loud"), ("--log-format", "")]
+)
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_bad_log_options_are_refused_before_start(command: str, option: str, value: str) -> None:
+    result = CliRunner().invoke(main, [command, option, value])
+    assert result.exit_code == 2 and "Invalid value" in result.output
+
+
+def test_serve_prints_json_lines_with_the_worker_started_line(tmp_path: Path) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'database_url = "sqlite:///{tmp_path / "relay.db"}"\n'
+        f'[sources.default]\ntoken = "{TOKEN}"\n'
+        '[destinations.crm]\ntype = "http"\nurl = "http://127.0.0.1:9/hook"\n'
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relay", "serve", "--port", str(port), "--log-format", "json"],
+        cwd=tmp_path,  # finds ./relay.toml
+        env={k: v for k, v in child_environment().items() if not k.startswith("RELAY_")},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[dict[str, object]] = []
+    try:
+        assert process.stderr is not None
+        for raw in process.stderr:
+            lines.append(json.loads(raw))
+            if "Uvicorn running" in str(lines[-1]["message"]):
+                break
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    messages = [str(line["message"]) for line in lines]
+    [started] = [m for m in messages if m.startswith("relay worker started")]
+    assert started == (
+        "relay worker started: destinations crm (http); queue in this process (embedded); "
+        f"database sqlite:///{tmp_path / 'relay.db'}; concurrency 50"
+    )
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
