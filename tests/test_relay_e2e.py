@@ -52,7 +52,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def settings_for(database_url: str, sink: Sink, **extra: Any) -> Settings:
+def settings_for(database_url: str, sink: Sink, first_retry: str = "2s", **extra: Any) -> Settings:
     return Settings(
         database_url=database_url,
         sources={"default": {"token": TOKEN}},
@@ -60,7 +60,12 @@ def settings_for(database_url: str, sink: Sink, **extra: Any) -> Settings:
             "crm": {"type": "http", "url": sink.url(), "policy": "quick", "timeout": "1s"}
         },
         policies={
-            "quick": {"type": "delays", "delays": ["2s"], "then": "2s", "give_up_after": "10m"}
+            "quick": {
+                "type": "delays",
+                "delays": [first_retry],
+                "then": "2s",
+                "give_up_after": "10m",
+            }
         },
         sweep_interval="200ms",
         lease_margin="1s",
@@ -188,7 +193,9 @@ async def test_flushall_mid_run_loses_nothing(
     engine: AsyncEngine, database_url: str, sink: Sink, private_redis_url: str
 ) -> None:
     """FLUSHALL empties the whole server: a Redis server of the test's own, not the shared one."""
-    settings = settings_for(database_url, sink, redis_url=private_redis_url)
+    # the first retries wait long enough for all 20 first attempts to be recorded, also on a
+    # loaded machine: the flush must come while every retry is queued and none has run
+    settings = settings_for(database_url, sink, first_retry="8s", redis_url=private_redis_url)
     sink.answers["/hook"] = Answer(500)
     runtime = await start(settings)
     redis = Redis.from_url(private_redis_url, socket_connect_timeout=2)
