@@ -6,23 +6,57 @@ from __future__ import annotations
 
 import logging
 import re
-from urllib.parse import unquote_plus
+from urllib.parse import unquote
 
-QUERY_PAIR = re.compile(r"(?<=[?&])([^=&#\s]*)=([^&#\s]*)")
+QUERY_PART = re.compile(r"(?<=[?&;])[^&;#\s]{5,}")
+"""A query part long enough to hold a key: ``token`` needs five characters, however encoded."""
+MAYBE_TOKEN = re.compile(
+    r"[^tT%]*[tT%][^oO%]*[oO%][^kK\u212a%]*[kK\u212a%][^eE%]*[eE%][^nN%]*[nN%]"
+)
+"""A raw key that may decode to ``token``: each letter is literal or comes from an escape (a
+``%``; the Kelvin sign lowercases to ``k``). A quick test without backtracking, so that most
+parts are never decoded."""
+ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+NOT_ALNUM = re.compile(r"[\W_]+")
 MASK = "***"
+DECODE_ROUNDS = 5
+"""At most this many rounds of percent-decoding when normalizing a key."""
 
 
 def redact(text: str) -> str:
-    """``/hooks/sms/inbound?token=abc`` -> ``/hooks/sms/inbound?token=***``, also when the key
-    is percent-encoded (``%74oken``), since the receiver decodes it before checking it."""
-    return QUERY_PAIR.sub(_mask_token, text)
+    """``/hooks/sms/inbound?token=abc`` -> ``/hooks/sms/inbound?token=***``, however the key is
+    spelled: percent-encoded (once or more), with ``%3D`` for ``=``, with brackets (``token[]``);
+    see `_mask_token`."""
+    return QUERY_PART.sub(_mask_token, text)
 
 
-def _mask_token(pair: re.Match[str]) -> str:
-    key = pair.group(1)
-    if unquote_plus(key).strip().lower() == "token":
+def _decoded(text: str) -> str:
+    """``text`` percent-decoded until it no longer changes, at most ``DECODE_ROUNDS`` times."""
+    for _ in range(DECODE_ROUNDS):
+        if not ESCAPE.search(text):
+            break
+        text = unquote(text)
+    return text
+
+
+def _mask_token(part: re.Match[str]) -> str:
+    """A query part masked if its key, decoded and stripped of all but letters and digits, is
+    ``token``: ``key=***`` if the raw part has an ``=`` that the key does not hide, else ``***``.
+
+    Decoding never joins text across a literal ``=``, so decoding the raw key alone gives the
+    decoded part's key (``+`` is left alone: as a space, it would be stripped all the same)."""
+    raw = part.group(0)
+    key, has_eq, _ = raw.partition("=")
+    if not MAYBE_TOKEN.match(key):
+        return raw
+    decoded = _decoded(key)
+    name = decoded.partition("=")[0]
+    if NOT_ALNUM.sub("", name.lower()) != "token":
+        return raw
+    # the raw key is kept unless it hides a value itself (``token%3Dsecret=x`` is masked whole)
+    if has_eq and name == decoded:
         return f"{key}={MASK}"
-    return pair.group(0)
+    return MASK
 
 
 class RedactTokens(logging.Filter):
