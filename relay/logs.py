@@ -18,6 +18,8 @@ LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 CONTEXT_FIELDS = ("event_id", "delivery_id", "destination", "attempt", "status_code", "error")
 """The ``extra`` fields a record about a delivery may carry, in the order they are shown."""
+QUIET_LOGGERS = ("alembic",)
+"""Loggers shown from WARNING up only (alembic tells every migration step at INFO)."""
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -75,6 +77,8 @@ def configure_logging(level: str = "info", log_format: LogFormat = "text") -> lo
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    for name in QUIET_LOGGERS:  # a failing start stays one line
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
     return handler
 
 
