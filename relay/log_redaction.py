@@ -1,4 +1,4 @@
-"""What reaches the logs: URL tokens are masked in access log lines, and warnings that any
+"""What reaches the logs: URL tokens are masked in every line printed, and warnings that any
 stranger can trigger at will (a WebSocket or h2c upgrade request, which `relay serve` does not
 serve) are dropped, so that nobody can flood the log."""
 
@@ -60,13 +60,16 @@ def _mask_token(part: re.Match[str]) -> str:
 
 
 class RedactTokens(logging.Filter):
-    """A logging filter masking URL tokens in the message and its string arguments."""
+    """Masks URL tokens in a record's message as it will be printed (its arguments filled
+    in, so that a template like ``token=%s`` stays whole). Installed on the handler of
+    :func:`relay.logs.configure_logging`, so that it sees every record printed."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
-        if isinstance(record.msg, str):
-            record.msg = redact(record.msg)
+        try:
+            message = record.getMessage()
+        except Exception:  # arguments that do not fit: printed as logging prints them
+            return True
+        record.msg, record.args = redact(message), None
         return True
 
 
@@ -82,8 +85,6 @@ class DropUpgradeWarnings(logging.Filter):
         return not (isinstance(record.msg, str) and record.msg.startswith(UNSERVED_UPGRADE))
 
 
-def install(logger_names: tuple[str, ...] = ("uvicorn.access", "uvicorn.error")) -> None:
-    """Attach the filters to uvicorn's loggers."""
-    for name in logger_names:
-        logging.getLogger(name).addFilter(RedactTokens())
+def install() -> None:
+    """Drop uvicorn's upgrade warnings (tokens are masked by the handler's filter)."""
     logging.getLogger("uvicorn.error").addFilter(DropUpgradeWarnings())

@@ -11,28 +11,16 @@ import logging
 from datetime import UTC, datetime
 from typing import Literal
 
-from relay.log_redaction import redact
+from relay.log_redaction import RedactTokens
 
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-CONTEXT_FIELDS = ("event_id", "delivery_id", "destination", "attempt", "status_code", "error")
+CONTEXT_FIELDS = ("event_id", "delivery_id", "destination", "attempt", "status_code")
 """The ``extra`` fields a record about a delivery may carry, in the order they are shown."""
 QUIET_LOGGERS = ("alembic",)
 """Loggers shown from WARNING up only (alembic tells every migration step at INFO)."""
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-class MaskTokens(logging.Filter):
-    """Masks URL tokens in the message as it will be printed (its arguments filled in)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # arguments that do not fit: printed as logging prints them
-            return True
-        record.msg, record.args = redact(message), None
-        return True
 
 
 class TextLines(logging.Formatter):
@@ -71,7 +59,7 @@ def configure_logging(level: str = "info", log_format: LogFormat = "text") -> lo
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLines() if log_format == "json" else TextLines())
-    handler.addFilter(MaskTokens())
+    handler.addFilter(RedactTokens())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -112,6 +113,14 @@ def test_serve_prints_json_lines_with_the_worker_started_line(tmp_path: Path) ->
             lines.append(json.loads(raw))
             if "Uvicorn running" in str(lines[-1]["message"]):
                 break
+        refused = httpx.post(  # a malformed token key: refused, and masked in the access line
+            f"http://127.0.0.1:{port}/hooks/sms/inbound?token%3D{TOKEN}", content=b"{}", timeout=10
+        )
+        assert refused.status_code == 401
+        for raw in process.stderr:
+            lines.append(json.loads(raw))
+            if lines[-1]["logger"] == "uvicorn.access":
+                break
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -122,3 +131,5 @@ def test_serve_prints_json_lines_with_the_worker_started_line(tmp_path: Path) ->
         f"database sqlite:///{tmp_path / 'relay.db'}; concurrency 50"
     )
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    assert str(lines[-1]["message"]).endswith(' - "POST /hooks/sms/inbound?*** HTTP/1.1" 401')
+    assert TOKEN not in json.dumps(lines)
