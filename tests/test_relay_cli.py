@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from redis import Redis
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
-from relay import inspect, migrate
+from relay import inspect, migrate, outbox, progress
 from relay.cli import main
+from relay.commands import outbox as outbox_commands
+from relay.jobs import QUEUE_NAME
 from relay.simulator import factories
+from relay.tables import DEAD, PENDING
 from tests.conftest import TOKEN
 from tests.relay_support import Clock, Relay, store_events
 from tests.support import Answer, Sink, free_port, serving
@@ -145,3 +152,131 @@ def test_replay_with_redis_unreachable_is_kept_for_the_sweepers(tmp_path: Path) 
         relay("deliveries", "list", "--destination", "flaky", "--json", "--config", str(config))
     )
     assert replayed["status"] == "pending"
+
+
+PROGRESS_REDIS_URL = os.environ.get(
+    "RELAY_TEST_PROGRESS_REDIS_URL", "redis://127.0.0.1:6379/12"
+)  # a db of this test's own: it is flushed
+
+
+async def dead_deliveries(engine: AsyncEngine, count: int) -> list[str]:
+    """``count`` events routed to one destination, their deliveries made dead by hand."""
+    clock = Clock()
+    posts = [("/hooks/sms/dlr", factories.sms_dlr()) for _ in range(count)]
+    await store_events(engine, posts, clock)
+    relay_ = Relay(engine, {"crm": {"type": "http", "url": "http://127.0.0.1:9/crm"}}, clock)
+    try:
+        due = await relay_.route_all()
+    finally:
+        await relay_.aclose()
+    async with engine.begin() as conn:
+        await conn.execute(update(outbox.DELIVERIES).values(status=DEAD))
+    return sorted(d.id for d in due)
+
+
+async def test_replay_works_in_chunks_and_tells_its_progress(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = await dead_deliveries(engine, 5)
+    monkeypatch.setattr(outbox, "LOOKUP_CHUNK", 2)
+    told: list[tuple[int, int]] = []
+
+    due = await outbox.replay(
+        engine, Clock()(), status=DEAD, progress=lambda done, total: told.append((done, total))
+    )
+
+    assert told == [(0, 5), (2, 5), (4, 5), (5, 5)]
+    assert sorted(d.id for d in due) == ids
+    rows = await inspect.list_deliveries(engine)
+    assert {r["status"] for r in rows} == {PENDING}
+    told.clear()
+    again = await outbox.replay(
+        engine,
+        Clock()(),
+        delivery_ids=[ids[0], ids[0], "nope"],  # an id twice is replayed once
+        progress=lambda done, total: told.append((done, total)),
+    )
+    assert [d.id for d in again] == [ids[0]] and told == [(0, 2), (2, 2)]
+    assert await outbox.replay(engine, Clock()(), status=DEAD) == []  # none is dead any more
+
+
+def replay_config(tmp_path: Path, redis_url: str | None = None) -> tuple[str, Path]:
+    """A SQLite database URL and a config file for it (and ``redis_url``)."""
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    config = tmp_path / "relay.toml"
+    redis = f'redis_url = "{redis_url}"\n' if redis_url else ""
+    config.write_text(
+        f'database_url = "{url}"\n{redis}[sources.default]\ntoken = "{TOKEN}"\n'
+        '[destinations.crm]\ntype = "http"\nurl = "http://127.0.0.1:9/crm"\n'
+    )
+    return url, config
+
+
+async def migrated_dead_deliveries(url: str, count: int) -> list[str]:
+    engine = create_engine(url)
+    try:
+        await migrate.upgrade(engine)
+        return await dead_deliveries(engine, count)
+    finally:
+        await engine.dispose()
+
+
+def test_replay_shows_a_progress_bar_on_a_terminal_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, config = replay_config(tmp_path)
+    asyncio.run(migrated_dead_deliveries(url, 5))
+    monkeypatch.setattr(outbox, "LOOKUP_CHUNK", 2)
+    runner = CliRunner()
+
+    c = ("--config", str(config))
+
+    piped = runner.invoke(main, ["deliveries", "replay", "--status", "dead", *c])
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
+    shown = runner.invoke(main, ["deliveries", "replay", "--status", "pending", *c])
+
+    assert piped.exit_code == 0 and shown.exit_code == 0, piped.output + shown.output
+    assert piped.stdout.startswith("replayed 5 deliveries") and piped.stderr == ""
+    assert shown.stdout.startswith("replayed 5 deliveries")
+    assert "replaying" in shown.stderr and "2/5" in shown.stderr and "5/5" in shown.stderr
+    assert "enqueueing" not in shown.stderr  # embedded mode: nothing to enqueue here
+
+
+def test_enqueueing_many_replayed_deliveries_shows_its_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, config = replay_config(tmp_path, PROGRESS_REDIS_URL)
+    asyncio.run(migrated_dead_deliveries(url, 5))
+    monkeypatch.setattr(outbox_commands, "ENQUEUE_BATCH", 2)
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
+    args = ["deliveries", "replay", "--status", "dead", "--config", str(config)]
+    with Redis.from_url(PROGRESS_REDIS_URL) as redis:
+        redis.flushdb()
+        try:
+            ran = CliRunner().invoke(main, args)
+            queued = redis.zcard(QUEUE_NAME)
+        finally:
+            redis.flushdb()
+
+    assert ran.exit_code == 0, ran.output
+    assert ran.stdout == "replayed 5 deliveries\n"
+    assert "enqueueing" in ran.stderr and "4/5" in ran.stderr and "5/5" in ran.stderr
+    assert queued == 5
+
+
+def test_with_redis_unreachable_many_replayed_deliveries_get_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, config = replay_config(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    asyncio.run(migrated_dead_deliveries(url, 5))
+    monkeypatch.setattr(outbox_commands, "ENQUEUE_BATCH", 2)
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
+
+    ran = CliRunner().invoke(
+        main, ["deliveries", "replay", "--status", "dead", "--config", str(config)]
+    )
+
+    assert ran.exit_code == 0, ran.output
+    assert ran.stdout == "replayed 5 deliveries\n"
+    assert ran.stderr.count("warning: cannot connect to Redis") == 1
+    assert "enqueueing" not in ran.stderr

@@ -17,7 +17,13 @@ from relay.commands.common import (
     run,
     with_engine,
 )
+from relay.jobs import open_pool
+from relay.progress import Bar
+from relay.settings import Settings, SettingsError
 from relay.tables import DELIVERY_STATUSES
+
+ENQUEUE_BATCH = 1000
+"""How many deliveries one step of the enqueueing bar enqueues."""
 
 
 @click.group()
@@ -109,20 +115,23 @@ def deliveries_replay(
     since_utc = since.replace(tzinfo=UTC) if since else None
 
     async def replay(engine: AsyncEngine) -> int:
-        due = await outbox.replay(
-            engine,
-            datetime.now(UTC),
-            delivery_ids=delivery_ids,
-            status=status,
-            destination=destination,
-            since=since_utc,
-        )
-        await enqueue(settings, due)
+        with Bar("replaying") as bar:
+            due = await outbox.replay(
+                engine,
+                datetime.now(UTC),
+                delivery_ids=delivery_ids,
+                status=status,
+                destination=destination,
+                since=since_utc,
+                progress=bar.update,
+            )
+        await enqueue_with_progress(settings, due)
         return len(due)
 
     count = run(with_engine(settings, replay))
-    if delivery_ids and count < len(delivery_ids):
-        raise click.ClickException(f"replayed {count} of {len(delivery_ids)}: unknown ids")
+    wanted = len(set(delivery_ids))
+    if delivery_ids and count < wanted:
+        raise click.ClickException(f"replayed {count} of {wanted}: unknown ids")
     click.echo(f"replayed {count} deliveries{pickup_note(settings)}")
 
 
@@ -163,8 +172,33 @@ def destinations_enable(name: str, config_file: str | None) -> None:
 
     async def enable(engine: AsyncEngine) -> int:
         due = await outbox.enable_destination(engine, name, datetime.now(UTC))
-        await enqueue(settings, due)
+        await enqueue_with_progress(settings, due)
         return len(due)
 
     count = run(with_engine(settings, enable))
     click.echo(f"enabled {name}; {count} held deliveries released{pickup_note(settings)}")
+
+
+async def enqueue_with_progress(settings: Settings, due: list[outbox.Due]) -> None:
+    """:func:`enqueue` these deliveries: at once, or :data:`ENQUEUE_BATCH` at a time under a
+    progress bar when there are more than that and Redis answers (a Redis that does not gets
+    :func:`enqueue`'s warning, once)."""
+    url = settings.redis_url
+    if url is None or len(due) <= ENQUEUE_BATCH or not await _answers(url):
+        await enqueue(settings, due)
+        return
+    with Bar("enqueueing", len(due)) as bar:
+        for start in range(0, len(due), ENQUEUE_BATCH):
+            batch = due[start : start + ENQUEUE_BATCH]
+            await enqueue(settings, batch)
+            bar.advance(len(batch))
+
+
+async def _answers(redis_url: str) -> bool:
+    """Whether the relay queue's Redis can be reached now."""
+    try:
+        pool = await open_pool(redis_url)
+    except SettingsError:
+        return False
+    await pool.aclose()
+    return True

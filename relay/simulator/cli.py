@@ -12,9 +12,16 @@ from typing import Any
 import click
 import httpx
 
+from relay.progress import Bar
 from relay.simulator.clocks import ScaledClock
-from relay.simulator.platform import CallbackResult, Platform
-from relay.simulator.report import attempts_json, render, summarize
+from relay.simulator.platform import Attempt, CallbackResult, Platform
+from relay.simulator.report import (
+    attempts_json,
+    failure_line,
+    given_up_line,
+    render,
+    summarize,
+)
 from relay.simulator.run import RunOptions, plan, run_units
 from relay.simulator.scenarios import SCENARIOS, Scenario
 from relay.simulator.wire import Credentials, Endpoint
@@ -125,9 +132,14 @@ def _scenario_command(scenario: Scenario) -> click.Command:
     @click.option("--shuffle", is_flag=True, help="Deliver callbacks out of order.")
     @click.option("--seed", type=int, help="Seed for payloads and choices (reproducible runs).")
     @click.option(
-        "--json", "as_json", is_flag=True, help="Print the summary and every attempt as JSON."
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print the summary and every attempt as JSON (failed attempts on stderr).",
     )
     def command(**options: Any) -> None:
+        """Print a line per failed attempt as it happens, then the summary; a progress bar
+        on stderr when it is a terminal."""
         try:
             endpoint = Endpoint.parse(options["url"], exact=options["exact_url"])
         except ValueError as exc:
@@ -184,10 +196,21 @@ async def _play(
         )
         units = plan(scenario, run_options, rng)
         started = time.monotonic()
-        with click.progressbar(
-            length=sum(map(len, units)), label=scenario.name, file=sys.stderr, show_pos=True
-        ) as bar:
-            results = await run_units(platform, units, run_options, bar.update)
+        with Bar(scenario.name, sum(map(len, units))) as bar:
+            # with --json, stdout is the JSON document alone
+            err = options["as_json"]
+
+            def failed(attempt: Attempt) -> None:
+                bar.echo(failure_line(attempt), err=err)
+
+            def done(result: CallbackResult) -> None:
+                line = given_up_line(result)
+                if line is not None:
+                    bar.echo(line, err=err)
+                bar.advance()
+
+            platform.on_failure = failed
+            results = await run_units(platform, units, run_options, on_result=done)
     return results, time.monotonic() - started
 
 

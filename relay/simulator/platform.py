@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import httpx
@@ -37,6 +37,9 @@ class Attempt:
     error: str | None
     latency_ms: float
     duplicate: bool = False
+    next_attempt_at: datetime | None = None
+    """After a failed attempt: when the platform means to try again (the schedule's next time,
+    or the end of the sending pause it is in then); None: it gives up, or the attempt passed."""
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Platform:
         duplicate_rate: float = 0.0,
         policies: Mapping[str, Policy] = BUILTIN_POLICIES,
         rng: random.Random | None = None,
+        on_failure: Callable[[Attempt], object] | None = None,
     ) -> None:
         if not 0 <= duplicate_rate <= 1:
             raise ValueError("duplicate_rate is a probability between 0 and 1")
@@ -87,6 +91,8 @@ class Platform:
         self.rng = rng or random.Random()
         self.health = DestinationHealth()
         """The platform's breaker state for this receiver (shared by every callback)."""
+        self.on_failure = on_failure
+        """Told of every failed attempt as it happens (e.g. to print it)."""
 
     def policy_for(self, callback: Callback) -> Policy:
         """The platform's retry policy for a callback (by kind, and channel for inbound)."""
@@ -113,14 +119,16 @@ class Platform:
             attempt = await self._send(
                 prepared, callback, policy, len(result.attempts) + 1, scheduled
             )
-            result.attempts.append(attempt)
             first = first or attempt.sent_at
             if _accepted(attempt, policy):
+                result.attempts.append(attempt)
                 self.health = after_success(self.health)
                 break
             now = self.clock.now()
             self.health = after_failure(self.health, policy, now)
-            next_at = policy.next_attempt(len(result.attempts), first, now) if self.retry else None
+            next_at = policy.next_attempt(attempt.number, first, now) if self.retry else None
+            expected = None if next_at is None else hold_until(self.health, next_at) or next_at
+            self._failed(result, replace(attempt, next_attempt_at=expected))
             if next_at is None:
                 result.given_up = True
                 return result
@@ -134,8 +142,16 @@ class Platform:
                 self.clock.now(),
                 duplicate=True,
             )
-            result.attempts.append(duplicate)
+            if _accepted(duplicate, policy):
+                result.attempts.append(duplicate)
+            else:
+                self._failed(result, duplicate)
         return result
+
+    def _failed(self, result: CallbackResult, attempt: Attempt) -> None:
+        result.attempts.append(attempt)
+        if self.on_failure is not None:
+            self.on_failure(attempt)
 
     async def _send(
         self,

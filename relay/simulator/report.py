@@ -6,7 +6,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from relay.simulator.platform import CallbackResult
+import httpx
+
+from relay.simulator.platform import Attempt, CallbackResult
 
 NO_ANSWER = "no answer"
 
@@ -40,7 +42,8 @@ def summarize(results: Sequence[CallbackResult], elapsed_seconds: float) -> dict
 
 
 def attempts_json(results: Sequence[CallbackResult]) -> list[dict[str, Any]]:
-    """Every attempt: event, kind, attempt number, scheduled and sent time, status code."""
+    """Every attempt: event, kind, attempt number, scheduled and sent time, status code, and
+    after a failure when the platform tries again."""
     return [
         {
             "event": a.event,
@@ -53,6 +56,7 @@ def attempts_json(results: Sequence[CallbackResult]) -> list[dict[str, Any]]:
             "error": a.error,
             "latency_ms": round(a.latency_ms, 3),
             "duplicate": a.duplicate,
+            "next_attempt_at": a.next_attempt_at.isoformat() if a.next_attempt_at else None,
         }
         for r in results
         for a in r.attempts
@@ -60,7 +64,7 @@ def attempts_json(results: Sequence[CallbackResult]) -> list[dict[str, Any]]:
 
 
 def render(summary: dict[str, Any]) -> str:
-    """The summary for a terminal."""
+    """The summary as text, one figure per line."""
     answers = ", ".join(f"{code}: {count}" for code, count in summary["answers"].items()) or "-"
     lines = [
         f"events      {summary['events']}",
@@ -72,3 +76,35 @@ def render(summary: dict[str, Any]) -> str:
         f"elapsed     {summary['elapsed_s']} s",
     ]
     return "\n".join(lines)
+
+
+def failure_line(attempt: Attempt) -> str:
+    """One plain line for a failed attempt: the callback, the attempt's number, the receiver's
+    answer (with its latency) or the connection error, and what the platform does next."""
+    if attempt.status_code is None:
+        outcome = attempt.error or NO_ANSWER
+    else:
+        phrase = httpx.codes.get_reason_phrase(attempt.status_code)
+        outcome = f"HTTP {attempt.status_code} {phrase}".rstrip()
+        outcome += f" ({attempt.latency_ms:.0f} ms)"
+    callback = f"{attempt.kind} {attempt.event}"
+    if attempt.duplicate:
+        return f"duplicate (attempt {attempt.number}) of {callback} failed: {outcome}; not retried"
+    if attempt.next_attempt_at is None:
+        then = "given up"
+    else:
+        then = f"next attempt at {attempt.next_attempt_at.isoformat(timespec='seconds')}"
+    return f"attempt {attempt.number} of {callback} failed: {outcome}; {then}"
+
+
+def given_up_line(result: CallbackResult) -> str | None:
+    """The line for a callback given up without a last failed attempt to say so: the sending
+    pause it waited in outlasted its give-up time. None for any other callback."""
+    if not result.given_up or not result.attempts or result.attempts[-1].next_attempt_at is None:
+        return None
+    callback = result.callback
+    last = result.attempts[-1]
+    return (
+        f"{callback.kind} {last.event} given up after attempt {last.number}: the sending pause "
+        "outlasted its give-up time"
+    )

@@ -58,9 +58,12 @@ async def run_units(
     units: list[list[Callback]],
     options: RunOptions,
     progress: Callable[[int], object] | None = None,
+    *,
+    on_result: Callable[[CallbackResult], object] | None = None,
 ) -> list[CallbackResult]:
     """Deliver every unit (see :func:`plan`), ``options.concurrency`` units at a time; the
-    callbacks of one unit in order. Results follow the units' order."""
+    callbacks of one unit in order. Once a callback is done, ``progress(1)`` is told, and
+    ``on_result`` gets its result. Results follow the units' order."""
     limiter = RateLimiter(options.rate)
     gate = asyncio.Semaphore(options.concurrency)
     results: list[list[CallbackResult]] = [[] for _ in units]
@@ -69,9 +72,12 @@ async def run_units(
         async with gate:
             for callback in unit:
                 await limiter.wait()
-                results[index].append(await platform.deliver(callback))
+                result = await platform.deliver(callback)
+                results[index].append(result)
                 if progress is not None:
                     progress(1)
+                if on_result is not None:
+                    on_result(result)
 
     await asyncio.gather(*(play(i, unit) for i, unit in enumerate(units)))
     return [result for unit in results for result in unit]
