@@ -11,6 +11,8 @@ from receivers.kinds import Kind
 from receivers.store.records import body_hash
 
 MAX_KEY_LENGTH = 200
+PLATFORM_ID_LENGTH = 200
+EVENT_NAME_LENGTH = 64
 
 
 def dedup_key(kind: Kind, payload: Mapping[str, Any], raw_body: bytes) -> str:
@@ -30,3 +32,20 @@ def dedup_key(kind: Kind, payload: Mapping[str, Any], raw_body: bytes) -> str:
         canonical = json.dumps(parts, ensure_ascii=False).encode("utf-8", "surrogatepass")
         return "sha256:" + hashlib.sha256(canonical).hexdigest()
     return key
+
+
+def platform_refs(kind: Kind, payload: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """What operators search an event by: the platform's id of what it is about (the kind's
+    first dedup field) and its event name (the second, lower-cased), each None when absent or
+    not a short printable value."""
+    values: list[str | None] = []
+    for name, width in zip(
+        kind.dedup_fields, (PLATFORM_ID_LENGTH, EVENT_NAME_LENGTH), strict=False
+    ):
+        value = payload.get(name)
+        text = None if value is None or isinstance(value, dict | list) else str(value)
+        fits = text is not None and 0 < len(text) <= width and text.isprintable()
+        values.append(text if fits else None)
+    platform_id = values[0] if values else None
+    event_name = values[1].lower() if len(values) > 1 and values[1] else None
+    return platform_id, event_name

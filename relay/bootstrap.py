@@ -1,37 +1,41 @@
-"""First start without configuration: a generated token for the default source."""
+"""Values an installation generates for itself on first start and keeps in its database: the
+default source's token, the console's password and the key that signs its sessions."""
 
 from __future__ import annotations
 
 import secrets
 
+from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlmodel import select
-from sqlmodel.ext.asyncio.session import AsyncSession
 
 from receivers.sources import SourceConfig
 from relay.tables import InstanceSetting
 
 DEFAULT_TOKEN_KEY = "default_source_token"
+CONSOLE_PASSWORD_KEY = "console_password"
+CONSOLE_SESSION_KEY = "console_session_key"
+SETTINGS = InstanceSetting.__table__
+
+
+async def kept_secret(engine: AsyncEngine, key: str) -> str:
+    """The value kept under ``key``, generated (32 random bytes, URL-safe) on first use; every
+    process sharing the database gets the same one."""
+    insert = (postgresql if engine.dialect.name == "postgresql" else sqlite).insert(SETTINGS)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert.values(key=key, value=secrets.token_urlsafe(32)).on_conflict_do_nothing(
+                index_elements=["key"]
+            )
+        )
+        value = await conn.scalar(select(SETTINGS.c.value).where(SETTINGS.c.key == key))
+    assert value is not None
+    return str(value)
 
 
 async def generated_token(engine: AsyncEngine) -> str:
-    """This installation's token, created on first use and kept in the database."""
-    table = InstanceSetting.__table__
-    insert = (postgresql if engine.dialect.name == "postgresql" else sqlite).insert(table)
-    async with engine.begin() as conn:
-        await conn.execute(
-            insert.values(
-                key=DEFAULT_TOKEN_KEY, value=secrets.token_urlsafe(32)
-            ).on_conflict_do_nothing(index_elements=["key"])
-        )
-    async with AsyncSession(engine) as session:
-        row = (
-            await session.exec(
-                select(InstanceSetting).where(InstanceSetting.key == DEFAULT_TOKEN_KEY)
-            )
-        ).one()
-        return row.value
+    """This installation's token for the default source."""
+    return await kept_secret(engine, DEFAULT_TOKEN_KEY)
 
 
 def token_source(token: str) -> SourceConfig:

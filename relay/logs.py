@@ -16,7 +16,7 @@ from relay.log_redaction import RedactTokens
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-CONTEXT_FIELDS = ("event_id", "delivery_id", "destination", "attempt", "status_code")
+CONTEXT_FIELDS = ("event_id", "delivery_id", "destination", "attempt", "status_code", "user")
 """The ``extra`` fields a record about a delivery may carry, in the order they are shown."""
 QUIET_LOGGERS = ("alembic",)
 """Loggers shown from WARNING up only (alembic tells every migration step at INFO)."""

@@ -16,6 +16,8 @@ from receivers.config import source_prefix
 from receivers.kinds import kinds_by_path
 from relay import log_redaction
 from relay.connection_guard import ConnectionGuard, EdgeLimits
+from relay.console.access import GENERATED_USER, ConsoleAccess
+from relay.console.web import CONSOLE_PATH
 from relay.runtime import Runtime, start
 from relay.settings import Settings
 
@@ -53,6 +55,8 @@ async def serve(
     try:
         if runtime.generated_token is not None:
             print_callback_urls(runtime, host, port)
+        if runtime.console is not None:
+            print_console_url(runtime.console, host, port)
         config = server_config(
             runtime.app(), settings, host, port, log_level, access_log=access_log
         )
@@ -149,10 +153,25 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def shown_address(host: str, port: int) -> str:
+    """The server's address as the operator should type it."""
+    shown_host = "<this-host>" if host in ("0.0.0.0", "::") else host
+    return f"http://{shown_host}:{port}"
+
+
+def print_console_url(console: ConsoleAccess, host: str, port: int) -> None:
+    """Tell the operator where the console is (and its generated password, never logged)."""
+    url = f"{shown_address(host, port)}{CONSOLE_PATH}"
+    if console.generated_password is None:
+        click.echo(f"Console: {url} (users from [console.users])")
+        return
+    click.echo(f"Console: {url}  user {GENERATED_USER}, password {console.generated_password}")
+    click.echo("(kept in the database; configure [console.users] to choose your own).")
+
+
 def print_callback_urls(runtime: Runtime, host: str, port: int) -> None:
     """Tell the operator which URLs to give the platform (printed once, never logged)."""
-    shown_host = "<this-host>" if host in ("0.0.0.0", "::") else host
-    base = f"http://{shown_host}:{port}{source_prefix('default')}"
+    base = f"{shown_address(host, port)}{source_prefix('default')}"
     click.echo("No sources configured: generated a token for the default source")
     click.echo("(kept in the database; configure [sources.default] to choose your own).")
     click.echo("Give the platform these callback URLs (use your public https address):")

@@ -20,6 +20,7 @@ from pydantic_settings import SettingsError as EnvParseError
 
 from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
 from receivers.sources import Network, SourceConfig, check_not_everyone
+from relay.console.config import ConsoleConfig
 from relay.destinations.config import DestinationConfig
 from relay.durations import Duration
 from relay.policies import Policy, PolicyConfigs, resolve_policies
@@ -68,6 +69,8 @@ class Settings(BaseSettings):
     """How long a request's body may take to arrive after its head (else 408, or a close)."""
     max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
     """Client connections served at once; unset: derived from the open-files limit."""
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
+    """The operator console at ``/console`` (users, session lifetime)."""
     writer_process: bool = True
     """A SQLite file's events are written by a process of its own (a speed trick; off: by the
     server's own process, as for PostgreSQL)."""

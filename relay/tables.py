@@ -44,7 +44,8 @@ class Delivery(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("event_id", "destination", name="uq_deliveries_event_destination"),
         Index("ix_deliveries_due", "status", "next_attempt_at"),
-        Index("ix_deliveries_destination_status", "destination", "status"),
+        Index("ix_deliveries_destination_status", "destination", "status", "created_at"),
+        Index("ix_deliveries_status_created", "status", "created_at"),
     )
 
     id: str = Field(primary_key=True, max_length=36)
@@ -74,6 +75,7 @@ class DeliveryAttempt(SQLModel, table=True):
     __tablename__ = "delivery_attempts"
     __table_args__ = (
         UniqueConstraint("delivery_id", "number", name="uq_delivery_attempts_number"),
+        Index("ix_delivery_attempts_started_at", "started_at"),
     )
 
     id: int | None = Field(default=None, primary_key=True)

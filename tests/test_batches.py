@@ -230,6 +230,8 @@ def event_rows(*keys: str, at: datetime = NOW) -> list[dict[str, Any]]:
             "method": "POST",
             "remote_addr": "127.0.0.1",
             "duplicates": 0,
+            "platform_id": key,
+            "event_name": None,
         }
         for key, row_id in zip(keys, new_ids(NOW, len(keys)), strict=True)
     ]

@@ -30,6 +30,8 @@ class Arrival:
     content_type: str | None
     method: str
     remote_addr: str | None
+    platform_id: str | None = None
+    event_name: str | None = None
 
     @property
     def identity(self) -> Identity:

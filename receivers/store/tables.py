@@ -37,7 +37,9 @@ class ReceivedEvent(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("source", "kind", "dedup_key", name="uq_received_events_dedup"),
         Index("ix_received_events_received_at", "received_at"),
-        Index("ix_received_events_kind", "kind"),
+        Index("ix_received_events_kind_event", "kind", "event_name", "received_at"),
+        Index("ix_received_events_source", "source", "received_at"),
+        Index("ix_received_events_platform_id", "platform_id"),
     )
 
     id: str = Field(primary_key=True, max_length=36)
@@ -51,13 +53,20 @@ class ReceivedEvent(SQLModel, table=True):
     method: str = Field(max_length=8)
     remote_addr: str | None = Field(default=None, max_length=64)
     duplicates: int = Field(default=0)
+    platform_id: str | None = Field(default=None, max_length=200)
+    """The platform's id of what the event is about (requestId, msgid, messageId, callId)."""
+    event_name: str | None = Field(default=None, max_length=64)
+    """Its status or event name, lower-cased (``delivered``, ``messagestatus::seen``)."""
 
 
 class RejectedBody(SQLModel, table=True):
     """A body that could not be decoded or did not fit its kind's model (quarantine)."""
 
     __tablename__ = "rejected_bodies"
-    __table_args__ = (UniqueConstraint("body_hash", name="uq_rejected_bodies_body_hash"),)
+    __table_args__ = (
+        UniqueConstraint("body_hash", name="uq_rejected_bodies_body_hash"),
+        Index("ix_rejected_bodies_last_seen_at", "last_seen_at"),
+    )
 
     id: str = Field(primary_key=True, max_length=36)
     source: str = Field(max_length=64)

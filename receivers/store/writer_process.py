@@ -128,6 +128,8 @@ def record_of(item: Item) -> Record:
             item.content_type,
             item.method,
             item.remote_addr,
+            item.platform_id,
+            item.event_name,
         )
     return (
         REJECTION,

@@ -1,0 +1,67 @@
+"""Who may use the console of this installation, and mounting it into `relay serve`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+
+from receivers.config import DEFAULT_SOURCE
+from relay.bootstrap import CONSOLE_PASSWORD_KEY, CONSOLE_SESSION_KEY, kept_secret
+from relay.console.app import console_app
+from relay.console.sessions import Sessions
+from relay.console.web import CONSOLE_PATH, Enqueue, SecurityHeaders, see_other
+from relay.settings import Settings
+
+GENERATED_USER = "admin"
+
+
+@dataclass(frozen=True)
+class ConsoleAccess:
+    """The console's users and signing key; ``generated_password`` is set when the password of
+    ``admin`` was generated (no ``[console.users]`` configured), to be printed at start."""
+
+    users: dict[str, str]
+    key: str
+    generated_password: str | None
+
+
+async def console_access(settings: Settings, engine: AsyncEngine) -> ConsoleAccess | None:
+    """The console's access for these settings (None when the console is turned off)."""
+    if not settings.console.enabled:
+        return None
+    key = await kept_secret(engine, CONSOLE_SESSION_KEY)
+    if settings.console.users:
+        users = {name: secret.get_secret_value() for name, secret in settings.console.users.items()}
+        return ConsoleAccess(users, key, None)
+    password = await kept_secret(engine, CONSOLE_PASSWORD_KEY)
+    return ConsoleAccess({GENERATED_USER: password}, key, password)
+
+
+def mount_console(
+    app: Starlette,
+    access: ConsoleAccess,
+    settings: Settings,
+    engine: AsyncEngine,
+    enqueue: Enqueue,
+    clock: Callable[[], datetime],
+) -> None:
+    """Serve the console at ``/console`` in ``app``."""
+    console = console_app(
+        engine,
+        Sessions(access.key, access.users, settings.console.session_lifetime),
+        enqueue,
+        sources=list(settings.sources) or [DEFAULT_SOURCE],
+        destinations=list(settings.destinations),
+        clock=clock,
+        secure_cookie=settings.console.secure_cookie,
+    )
+    home = SecurityHeaders(see_other(CONSOLE_PATH + "/events"))
+    app.router.routes += [
+        Route(CONSOLE_PATH, home),
+        Mount(CONSOLE_PATH, app=console),
+    ]

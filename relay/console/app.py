@@ -1,0 +1,221 @@
+"""The console's Starlette app, mounted at ``/console`` by `relay serve`.
+
+Every page needs a session; every action (POST) also needs the session's CSRF token. A
+request that cannot show either is refused: a page redirects to the login, an action is 403.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from urllib.parse import urlencode
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from relay.console import actions, pages
+from relay.console.filters import BadFilter
+from relay.console.sessions import LOGIN_COOKIE, SESSION_COOKIE, Operator, Sessions
+from relay.console.throttle import LoginThrottle
+from relay.console.web import (
+    CONSOLE_PATH,
+    HERE,
+    Console,
+    Enqueue,
+    SecurityHeaders,
+    client,
+    error,
+    form,
+    safe_next,
+    see_other,
+    templates,
+)
+
+log = logging.getLogger("relay.console")
+
+Page = Callable[[Console, Request, Operator], Awaitable[Response]]
+Action = Callable[[Console, Request, Operator, Mapping[str, str]], Awaitable[Response]]
+
+
+def console_app(
+    engine: AsyncEngine,
+    sessions: Sessions,
+    enqueue: Enqueue,
+    *,
+    sources: list[str],
+    destinations: list[str],
+    clock: Callable[[], datetime],
+    secure_cookie: bool = False,
+) -> Starlette:
+    """The console over this store; ``enqueue`` hands what an action made due to the relay."""
+    console = Console(
+        engine=engine,
+        sessions=sessions,
+        enqueue=enqueue,
+        clock=clock,
+        sources=sources,
+        destinations=destinations,
+        secure_cookie=secure_cookie,
+        throttle=LoginThrottle(clock),
+        templates=templates(),
+    )
+    stylesheet = (HERE / "static" / "console.css").read_bytes()
+
+    def page(view: Page) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            operator = console.operator(request)
+            if operator is None:
+                wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return see_other(f"{CONSOLE_PATH}/login?{urlencode({'next': wanted})}")
+            return await view(console, request, operator)
+
+        return endpoint
+
+    def action(do: Action) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            operator = console.operator(request)
+            if operator is None:
+                return error(console, request, 403, "Forbidden", "Log in to the console first.")
+            try:
+                fields = await form(request)
+            except BadFilter as exc:
+                return error(console, request, 400, "Bad Request", str(exc))
+            if not sessions.csrf_matches(operator, fields.get("csrf")):
+                return error(
+                    console,
+                    request,
+                    403,
+                    "Forbidden",
+                    "The form's CSRF token is missing or wrong: reload the page and try again.",
+                )
+            return await do(console, request, operator, fields)
+
+        return endpoint
+
+    async def login_form(request: Request) -> Response:
+        return _login_page(console, request, 200, "", request.query_params.get("next"))
+
+    async def login(request: Request) -> Response:
+        address = client(request)
+        wait = console.throttle.retry_after(address)
+        if wait:
+            response = error(
+                console, request, 429, "Too Many Requests", "Too many failed logins: wait."
+            )
+            response.headers["retry-after"] = str(wait)
+            return response
+        try:
+            fields = await form(request)
+        except BadFilter as exc:
+            return error(console, request, 400, "Bad Request", str(exc))
+        if not sessions.login_matches(request.cookies.get(LOGIN_COOKIE), fields.get("token")):
+            return _login_page(
+                console, request, 403, "The login form expired: try again.", fields.get("next")
+            )
+        name, password = fields.get("user", ""), fields.get("password", "")
+        if not sessions.password_matches(name, password):
+            console.throttle.failed(address)
+            log.warning("console: failed login for %r from %s", name[:64], address)
+            return _login_page(
+                console, request, 401, "Wrong user name or password.", fields.get("next")
+            )
+        console.throttle.succeeded(address)
+        log.info("console: %s logged in from %s", name, address, extra={"user": name})
+        response = see_other(safe_next(fields.get("next"), f"{CONSOLE_PATH}/events"))
+        response.set_cookie(
+            SESSION_COOKIE,
+            sessions.session_cookie(name),
+            max_age=int(sessions.lifetime.total_seconds()),
+            path=CONSOLE_PATH,
+            secure=console.cookie_secure(request),
+            httponly=True,
+            samesite="strict",
+        )
+        response.delete_cookie(LOGIN_COOKIE, path=CONSOLE_PATH)
+        return response
+
+    async def logout(
+        console: Console, request: Request, operator: Operator, fields: Mapping[str, str]
+    ) -> Response:
+        log.info("console: %s logged out", operator.name, extra={"user": operator.name})
+        response = see_other(f"{CONSOLE_PATH}/login")
+        response.delete_cookie(SESSION_COOKIE, path=CONSOLE_PATH)
+        return response
+
+    async def stylesheet_file(request: Request) -> Response:
+        return Response(stylesheet, media_type="text/css")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        detail = {404: "No console page here.", 405: f"{request.method} is not allowed here."}
+        response = error(
+            console,
+            request,
+            exc.status_code,
+            {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, "Error"),
+            detail.get(exc.status_code, str(exc.detail)),
+        )
+        response.headers.update(exc.headers or {})  # Allow, on a 405
+        return response
+
+    routes = [
+        Route("/", page(pages.home), methods=["GET"]),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", action(logout), methods=["POST"]),
+        Route("/events", page(pages.events), methods=["GET"]),
+        Route("/events/{event_id}", page(pages.event), methods=["GET"]),
+        Route("/events/{event_id}/replay", action(actions.replay_event), methods=["POST"]),
+        Route("/deliveries", page(pages.deliveries), methods=["GET"]),
+        Route("/deliveries/replay", action(actions.bulk_replay), methods=["POST"]),
+        Route(
+            "/deliveries/{delivery_id}/replay", action(actions.replay_delivery), methods=["POST"]
+        ),
+        Route("/destinations", page(pages.destinations), methods=["GET"]),
+        Route("/destinations/{name}/enable", action(actions.enable_destination), methods=["POST"]),
+        Route(
+            "/destinations/{name}/disable", action(actions.disable_destination), methods=["POST"]
+        ),
+        Route("/quarantine", page(pages.quarantine), methods=["GET"]),
+        Route("/quarantine/{rejected_id}", page(pages.rejected), methods=["GET"]),
+        Route("/static/console.css", stylesheet_file, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={HTTPException: http_error},
+    )
+    # a redirect to the slash-less URL would be built from the caller's Host header
+    app.router.redirect_slashes = False
+    return app
+
+
+def _login_page(
+    console: Console, request: Request, status: int, message: str, wanted: str | None
+) -> Response:
+    cookie, token = console.sessions.login_cookie()
+    response = console.page(
+        request,
+        "login.html",
+        None,
+        status=status,
+        token=token,
+        message=message,
+        next=safe_next(wanted, f"{CONSOLE_PATH}/events"),
+    )
+    response.set_cookie(
+        LOGIN_COOKIE,
+        cookie,
+        max_age=3600,
+        path=CONSOLE_PATH,
+        secure=console.cookie_secure(request),
+        httponly=True,
+        samesite="strict",
+    )
+    return response

@@ -1,0 +1,173 @@
+"""The console's pages (GET): events, one event, deliveries, destinations, quarantine."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from receivers.kinds import KINDS_BY_NAME
+from relay.console import queries
+from relay.console.charts import health_chart
+from relay.console.filters import (
+    BadFilter,
+    delivery_filter,
+    event_filter,
+    page_cursor,
+    query_string,
+)
+from relay.console.sessions import Operator
+from relay.console.web import CONSOLE_PATH, Console, error, query, see_other
+from relay.tables import DEAD, DELIVERY_STATUSES
+
+ROW_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+NOTICES = {
+    "replayed": "Replayed: the deliveries are due now.",
+    "enabled": "Enabled: held deliveries are due now.",
+    "disabled": "Disabled: its deliveries are held until it is enabled.",
+    "nothing": "Nothing matched: nothing was replayed.",
+}
+"""What an action's redirect may show (a code from this table, never text from the URL)."""
+
+
+def notice(request: Request) -> str | None:
+    return NOTICES.get(request.query_params.get("notice", ""))
+
+
+async def events(console: Console, request: Request, operator: Operator) -> Response:
+    try:
+        where = event_filter(query(request), console.sources)
+    except BadFilter as exc:
+        return error(console, request, 400, "Bad Request", str(exc))
+    page = await queries.events_page(console.engine, where)
+    statuses = await queries.delivery_statuses(console.engine, [row.id for row in page.rows])
+    return console.page(
+        request,
+        "events.html",
+        operator,
+        where=where,
+        page=page,
+        statuses=statuses,
+        kinds=list(KINDS_BY_NAME),
+        sources=console.sources,
+        next_query=query_string(where, before=page.next.encode()) if page.next else None,
+        first_query=query_string(where, before=None),
+        notice=notice(request),
+    )
+
+
+async def event(console: Console, request: Request, operator: Operator) -> Response:
+    event_id = request.path_params["event_id"]
+    found = (
+        await queries.event_detail(console.engine, event_id) if ROW_ID.fullmatch(event_id) else None
+    )
+    if found is None:
+        return error(console, request, 404, "Not Found", "No stored event has this id.")
+    row, deliveries, attempts = found
+    return console.page(
+        request,
+        "event.html",
+        operator,
+        event=row,
+        deliveries=deliveries,
+        attempts=attempts,
+        notice=notice(request),
+    )
+
+
+async def deliveries(console: Console, request: Request, operator: Operator) -> Response:
+    try:
+        where = delivery_filter(query(request), console.destinations)
+    except BadFilter as exc:
+        return error(console, request, 400, "Bad Request", str(exc))
+    page = await queries.deliveries_page(console.engine, where)
+    return console.page(
+        request,
+        "deliveries.html",
+        operator,
+        where=where,
+        page=page,
+        statuses=DELIVERY_STATUSES,
+        destinations=console.destinations,
+        next_query=query_string(where, before=page.next.encode()) if page.next else None,
+        first_query=query_string(where, before=None),
+        dead=DEAD,
+        notice=notice(request),
+    )
+
+
+async def destinations(console: Console, request: Request, operator: Operator) -> Response:
+    now = console.clock()
+    states = await queries.destination_states(console.engine)
+    counts = await queries.destination_counts(console.engine, console.destinations)
+    health = await queries.destination_health(console.engine, now)
+    rows: list[dict[str, Any]] = []
+    for name in console.destinations:
+        state = states.get(name)
+        buckets = health.get(name, [])
+        attempts = sum(b.attempts for b in buckets)
+        succeeded = sum(b.succeeded for b in buckets)
+        timed = [b for b in buckets if b.mean_ms is not None]
+        rows.append(
+            {
+                "name": name,
+                "breaker": breaker_state(state, now),
+                "state": state,
+                "counts": counts[name],
+                "attempts": attempts,
+                "success_rate": succeeded / attempts if attempts else None,
+                "mean_ms": (
+                    sum(b.mean_ms * b.attempts for b in timed) / sum(b.attempts for b in timed)  # type: ignore[operator]
+                    if timed
+                    else None
+                ),
+                "chart": health_chart(buckets),
+            }
+        )
+    return console.page(
+        request, "destinations.html", operator, destinations=rows, notice=notice(request)
+    )
+
+
+def breaker_state(state: Any, now: Any) -> str:
+    """closed, open (paused by the breaker) or held (disabled: 410 Gone or an operator)."""
+    if state is None:
+        return "closed"
+    if state.disabled:
+        return "held"
+    if state.paused_until is not None and state.paused_until > now:
+        return "open"
+    return "closed"
+
+
+async def quarantine(console: Console, request: Request, operator: Operator) -> Response:
+    try:
+        before = page_cursor(query(request))
+    except BadFilter as exc:
+        return error(console, request, 400, "Bad Request", str(exc))
+    page = await queries.quarantine_page(console.engine, before)
+    return console.page(
+        request,
+        "quarantine.html",
+        operator,
+        page=page,
+        next_query=f"before={page.next.encode()}" if page.next else None,
+    )
+
+
+async def rejected(console: Console, request: Request, operator: Operator) -> Response:
+    rejected_id = request.path_params["rejected_id"]
+    row = (
+        await queries.rejected_body(console.engine, rejected_id)
+        if ROW_ID.fullmatch(rejected_id)
+        else None
+    )
+    if row is None:
+        return error(console, request, 404, "Not Found", "No quarantined body has this id.")
+    return console.page(request, "rejected.html", operator, body=row)
+
+
+async def home(console: Console, request: Request, operator: Operator) -> Response:
+    return see_other(CONSOLE_PATH + "/events")

@@ -1,0 +1,282 @@
+"""What the console's pages read: keyset-paginated lists over indexed columns, and details.
+
+Every list is newest first and pages with a cursor (the last row's time and id), never with
+an offset, so the 1,000th page costs what the first does (``scripts/bench_console.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Column, and_, case, func, literal, or_, select, tuple_
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql import Select
+
+from receivers.store import ReceivedEvent, RejectedBody
+from relay.console.filters import Cursor, DeliveryFilter, EventFilter
+from relay.outbox import ATTEMPTS, DELIVERIES, STATES
+from relay.tables import DEAD, HELD, PENDING
+
+EVENTS = ReceivedEvent.__table__
+REJECTED = RejectedBody.__table__
+PAGE_SIZE = 50
+CHART_BUCKETS = 12
+CHART_SPAN = timedelta(hours=1)
+EVENT_LIST_COLUMNS = (
+    EVENTS.c.id,
+    EVENTS.c.source,
+    EVENTS.c.kind,
+    EVENTS.c.event_name,
+    EVENTS.c.platform_id,
+    EVENTS.c.received_at,
+    EVENTS.c.duplicates,
+)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list and the cursor of the next (None on the last page)."""
+
+    rows: list[Row[Any]]
+    next: Cursor | None
+
+
+@dataclass(frozen=True)
+class HealthBucket:
+    """Five minutes of one destination's attempts."""
+
+    start: datetime
+    attempts: int
+    succeeded: int
+    mean_ms: float | None
+
+
+async def events_page(engine: AsyncEngine, where: EventFilter) -> Page:
+    """Stored events matching ``where``, newest first."""
+    query = select(*EVENT_LIST_COLUMNS)
+    conditions = []
+    if where.source:
+        conditions.append(EVENTS.c.source == where.source)
+    if where.kind:
+        conditions.append(EVENTS.c.kind == where.kind)
+    if where.event:
+        conditions.append(EVENTS.c.event_name == where.event)
+    if where.platform_id:
+        conditions.append(EVENTS.c.platform_id == where.platform_id)
+    conditions += _time_range(EVENTS.c.received_at, where.since, where.until)
+    return await _page(engine, query, conditions, EVENTS.c.received_at, EVENTS.c.id, where.before)
+
+
+async def delivery_statuses(
+    engine: AsyncEngine, event_ids: Sequence[str]
+) -> dict[str, dict[str, int]]:
+    """For each event, how many of its deliveries are in each status."""
+    if not event_ids:
+        return {}
+    query = (
+        select(DELIVERIES.c.event_id, DELIVERIES.c.status, func.count())
+        .where(DELIVERIES.c.event_id.in_(list(event_ids)))
+        .group_by(DELIVERIES.c.event_id, DELIVERIES.c.status)
+    )
+    statuses: dict[str, dict[str, int]] = {}
+    async with engine.connect() as conn:
+        for event_id, status, count in await conn.execute(query):
+            statuses.setdefault(event_id, {})[status] = count
+    return statuses
+
+
+async def event_detail(
+    engine: AsyncEngine, event_id: str
+) -> tuple[Row[Any], list[Row[Any]], dict[str, list[Row[Any]]]] | None:
+    """An event, its deliveries and each delivery's kept attempts."""
+    async with engine.connect() as conn:
+        event = (await conn.execute(select(EVENTS).where(EVENTS.c.id == event_id))).first()
+        if event is None:
+            return None
+        deliveries = list(
+            await conn.execute(
+                select(DELIVERIES)
+                .where(DELIVERIES.c.event_id == event_id)
+                .order_by(DELIVERIES.c.destination)
+            )
+        )
+        attempts: dict[str, list[Row[Any]]] = {d.id: [] for d in deliveries}
+        if deliveries:
+            rows = await conn.execute(
+                select(ATTEMPTS)
+                .where(ATTEMPTS.c.delivery_id.in_(list(attempts)))
+                .order_by(ATTEMPTS.c.delivery_id, ATTEMPTS.c.number)
+            )
+            for attempt in rows:
+                attempts[attempt.delivery_id].append(attempt)
+    return event, deliveries, attempts
+
+
+async def deliveries_page(engine: AsyncEngine, where: DeliveryFilter) -> Page:
+    """Deliveries matching ``where``, newest first, with their event's kind and platform id."""
+    query = select(
+        DELIVERIES.c.id,
+        DELIVERIES.c.event_id,
+        DELIVERIES.c.destination,
+        DELIVERIES.c.status,
+        DELIVERIES.c.attempts,
+        DELIVERIES.c.created_at,
+        DELIVERIES.c.next_attempt_at,
+        DELIVERIES.c.last_status_code,
+        DELIVERIES.c.last_error,
+        EVENTS.c.kind,
+        EVENTS.c.platform_id,
+    ).join(EVENTS, EVENTS.c.id == DELIVERIES.c.event_id)
+    conditions = _delivery_conditions(where)
+    return await _page(
+        engine, query, conditions, DELIVERIES.c.created_at, DELIVERIES.c.id, where.before
+    )
+
+
+async def count_deliveries(engine: AsyncEngine, where: DeliveryFilter) -> int:
+    """How many deliveries match ``where`` (the bulk replay's confirmation)."""
+    query = select(func.count()).select_from(DELIVERIES).where(*_delivery_conditions(where))
+    async with engine.connect() as conn:
+        return int(await conn.scalar(query) or 0)
+
+
+async def delivery_ids(engine: AsyncEngine, where: DeliveryFilter) -> list[str]:
+    """The ids of the deliveries matching ``where`` (what a bulk replay replays)."""
+    query = select(DELIVERIES.c.id).where(*_delivery_conditions(where))
+    async with engine.connect() as conn:
+        return list(await conn.scalars(query))
+
+
+def _delivery_conditions(where: DeliveryFilter) -> list[Any]:
+    conditions = []
+    if where.status:
+        conditions.append(DELIVERIES.c.status == where.status)
+    if where.destination:
+        conditions.append(DELIVERIES.c.destination == where.destination)
+    return conditions + _time_range(DELIVERIES.c.created_at, where.since, where.until)
+
+
+async def destination_counts(
+    engine: AsyncEngine, names: Sequence[str]
+) -> dict[str, dict[str, int]]:
+    """Pending, held and dead deliveries per destination (one index range each)."""
+    counts: dict[str, dict[str, int]] = {name: {} for name in names}
+    async with engine.connect() as conn:
+        for name in names:
+            for status in (PENDING, HELD, DEAD):
+                counts[name][status] = int(
+                    await conn.scalar(
+                        select(func.count())
+                        .select_from(DELIVERIES)
+                        .where(DELIVERIES.c.destination == name, DELIVERIES.c.status == status)
+                    )
+                    or 0
+                )
+    return counts
+
+
+async def destination_states(engine: AsyncEngine) -> dict[str, Row[Any]]:
+    """Every destination's breaker and 410 state, by name."""
+    async with engine.connect() as conn:
+        return {row.name: row for row in await conn.execute(select(STATES))}
+
+
+async def destination_health(engine: AsyncEngine, now: datetime) -> dict[str, list[HealthBucket]]:
+    """The last hour of attempts per destination (up to ``now``) in five-minute buckets,
+    oldest first."""
+    span = CHART_SPAN / CHART_BUCKETS
+    start = now - CHART_SPAN
+    succeeded = case(
+        (
+            and_(
+                ATTEMPTS.c.error.is_(None),
+                or_(ATTEMPTS.c.status_code.is_(None), ATTEMPTS.c.status_code.between(200, 299)),
+            ),
+            1,
+        ),
+        else_=0,
+    )
+    buckets: dict[str, list[HealthBucket]] = {}
+    async with engine.connect() as conn:
+        for index in range(CHART_BUCKETS):
+            low, high = start + span * index, start + span * (index + 1)
+            rows = await conn.execute(
+                select(
+                    DELIVERIES.c.destination,
+                    func.count(),
+                    func.sum(succeeded),
+                    func.avg(ATTEMPTS.c.duration_ms),
+                )
+                .join(DELIVERIES, DELIVERIES.c.id == ATTEMPTS.c.delivery_id)
+                .where(ATTEMPTS.c.started_at > low, ATTEMPTS.c.started_at <= high)
+                .group_by(DELIVERIES.c.destination)
+            )
+            seen = {row[0]: row for row in rows}
+            for name in set(buckets) | set(seen):
+                series = buckets.setdefault(
+                    name, [HealthBucket(start + span * i, 0, 0, None) for i in range(index)]
+                )
+                row = seen.get(name)
+                series.append(
+                    HealthBucket(
+                        low,
+                        int(row[1]) if row else 0,
+                        int(row[2] or 0) if row else 0,
+                        float(row[3]) if row and row[3] is not None else None,
+                    )
+                )
+    return buckets
+
+
+async def quarantine_page(engine: AsyncEngine, before: Cursor | None) -> Page:
+    """Quarantined bodies, the most recently seen first."""
+    query = select(
+        REJECTED.c.id,
+        REJECTED.c.source,
+        REJECTED.c.path,
+        REJECTED.c.kind,
+        REJECTED.c.status,
+        REJECTED.c.reason,
+        REJECTED.c.count,
+        REJECTED.c.last_seen_at,
+    )
+    return await _page(engine, query, [], REJECTED.c.last_seen_at, REJECTED.c.id, before)
+
+
+async def rejected_body(engine: AsyncEngine, rejected_id: str) -> Row[Any] | None:
+    """One quarantined body."""
+    async with engine.connect() as conn:
+        return (await conn.execute(select(REJECTED).where(REJECTED.c.id == rejected_id))).first()
+
+
+async def _page(
+    engine: AsyncEngine,
+    query: Select[Any],
+    conditions: list[Any],
+    moment: Column[Any],
+    key: Column[Any],
+    before: Cursor | None,
+) -> Page:
+    if before is not None:
+        after = tuple_(literal(before.moment, moment.type), literal(before.id, key.type))
+        conditions = [*conditions, tuple_(moment, key) < after]
+    statement = query.where(*conditions).order_by(moment.desc(), key.desc()).limit(PAGE_SIZE + 1)
+    async with engine.connect() as conn:
+        rows = list(await conn.execute(statement))
+    if len(rows) <= PAGE_SIZE:
+        return Page(rows, None)
+    last = rows[PAGE_SIZE - 1]
+    return Page(rows[:PAGE_SIZE], Cursor(last._mapping[moment.name], last._mapping[key.name]))
+
+
+def _time_range(column: Column[Any], since: datetime | None, until: datetime | None) -> list[Any]:
+    conditions = []
+    if since is not None:
+        conditions.append(column >= since)
+    if until is not None:
+        conditions.append(column < until)
+    return conditions

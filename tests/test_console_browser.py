@@ -1,0 +1,238 @@
+"""The console in a real browser: Playwright driving Debian's Chromium against `relay serve`.
+
+A real server (embedded mode, SQLite) and a real destination (``scripts/sink_app.py``, failing
+at first) run as processes; the browser logs in, finds an event by its requestId, reads its
+timeline, replays its dead delivery and sees it succeed, and checks that hostile payloads stay
+text. Each page is saved as a PNG under ``test-artifacts/console/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from relay.simulator import factories
+from tests.store_support import blocking_eventually, child_environment
+from tests.support import free_port
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts" / "console"
+TOKEN = "browser-test-token-0123456789"
+USER, PASSWORD = "alice", "a long console password"
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+XSS_TEXTS = (
+    "<script>window.__xss = 1</script>",
+    '"><img src=x onerror="window.__xss = 2">',
+)
+
+
+def chromium_path() -> str:
+    """Debian's Chromium; a missing browser fails the run in CI and skips elsewhere."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    message = "chromium is not installed (apt-get install -y chromium; .ci/run does it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def sink() -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "sink_app:app",
+            "--app-dir",
+            str(ROOT / "scripts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=child_environment(),
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        blocking_eventually(lambda: _answers(f"{base}/_bench/healthz"))
+        httpx.post(f"{base}/_bench/mode", json={"mode": "fail"})
+        yield base
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture
+def server(tmp_path: Path, sink: str) -> Iterator[dict[str, Any]]:
+    port = free_port()
+    (tmp_path / "relay.toml").write_text(
+        f"""
+[sources.default]
+token = "{TOKEN}"
+
+[console.users]
+{USER} = "{PASSWORD}"
+
+[policies.once]
+type = "delays"
+max_attempts = 1
+delays = ["1s"]
+
+[destinations.orders]
+type = "http"
+url = "{sink}/hook"
+policy = "once"
+
+[destinations.archive]
+type = "http"
+url = "{sink}/archive"
+policy = "once"
+kinds = ["sms.dlr"]
+"""
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relay", "serve", "--port", str(port), "--log-level", "warning"],
+        cwd=tmp_path,
+        env=child_environment(),
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        blocking_eventually(lambda: _answers(f"{base}/readyz"))
+        yield {"base": base, "database": tmp_path / "relay.db", "sink": sink}
+    finally:
+        process.terminate()
+        process.wait(15)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def post(server: dict[str, Any], path: str, body: dict[str, Any]) -> str:
+    answer = httpx.post(f"{server['base']}/hooks{path}?token={TOKEN}", json=body)
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["id"])
+
+
+def statuses(database: Path) -> dict[str, str]:
+    with sqlite3.connect(database) as conn:
+        return dict(conn.execute("SELECT event_id || '/' || destination, status FROM deliveries"))
+
+
+def test_the_console_in_a_browser(server: dict[str, Any]) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    event_id = post(server, "/sms/inbound", factories.sms_inbound({"requestId": "req-browser-1"}))
+    hostile = [
+        post(server, "/sms/inbound", factories.sms_inbound({"requestId": f"x-{i}", "message": t}))
+        for i, t in enumerate(XSS_TEXTS)
+    ]
+    post(server, "/sms/dlr", factories.sms_dlr({"requestId": "req-browser-1"}))
+    httpx.post(
+        f"{server['base']}/hooks/sms/inbound?token={TOKEN}",
+        content=b"<not json>",
+        headers={"content-type": "application/json"},
+    )
+    key = f"{event_id}/orders"
+    everything_dead = ["dead"] * 5  # three messages and a report to orders, the report to archive
+    blocking_eventually(lambda: sorted(statuses(server["database"]).values()) == everything_dead)
+    httpx.post(f"{server['sink']}/_bench/mode", json={"mode": "ok"})
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=CHROMIUM_FLAGS
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        try:
+            page.goto(f"{server['base']}/console")
+            expect(page.get_by_role("heading", name="Log in to the console")).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "login.png")
+            page.get_by_label("User").fill(USER)
+            page.get_by_label("Password").fill(PASSWORD)
+            page.get_by_role("button", name="Log in").click()
+            expect(page.get_by_role("heading", name="Events")).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "events.png", full_page=True)
+
+            page.get_by_label("Platform id").fill("req-browser-1")
+            page.get_by_role("button", name="Filter").click()
+            rows = page.locator("table.list tbody tr")
+            expect(rows).to_have_count(2)  # the message and its delivery report
+            page.locator(f'a[href="/console/events/{event_id}"]').click()
+            section = page.locator("section.delivery", has_text="orders")
+            expect(section.locator(".badge")).to_have_text("dead")
+            expect(section.locator("table.timeline")).to_contain_text("HTTP 500")
+            page.screenshot(path=ARTIFACTS / "event.png", full_page=True)
+
+            section.get_by_role("button", name="Replay").click()
+            expect(page.get_by_role("status")).to_contain_text("Replayed")
+            for _ in range(50):  # the embedded worker was woken: a reload or two
+                if section.locator(".badge").inner_text() == "succeeded":
+                    break
+                page.wait_for_timeout(200)
+                page.reload()
+            expect(section.locator(".badge")).to_have_text("succeeded")
+            assert statuses(server["database"])[key] == "succeeded"
+
+            for hostile_id in hostile:
+                page.goto(f"{server['base']}/console/events/{hostile_id}")
+                payload = page.locator("pre.payload").first
+                shown = payload.inner_text()  # the JSON of the payload, as text
+                assert any(json.dumps(text)[1:-1] in shown for text in XSS_TEXTS)
+                assert page.evaluate("window.__xss") is None
+                assert page.locator("img").count() == 0
+            assert dialogs == []
+
+            page.goto(f"{server['base']}/console/deliveries?status=dead")
+            page.screenshot(path=ARTIFACTS / "deliveries.png", full_page=True)
+            bulk = page.locator("form.bulk")
+            bulk.locator('select[name="destination"]').select_option("archive")
+            bulk.get_by_role("button", name="Count and confirm").click()
+            expect(page.locator(".count")).to_have_text("1")
+            page.screenshot(path=ARTIFACTS / "confirm.png", full_page=True)
+            page.get_by_role("button", name="Replay 1 deliveries").click()
+            expect(page.get_by_role("status")).to_contain_text("Replayed")
+
+            page.goto(f"{server['base']}/console/destinations")
+            expect(page.locator("svg.chart").first).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "destinations.png", full_page=True)
+            page.goto(f"{server['base']}/console/quarantine")
+            expect(page.locator("table.list tbody tr")).to_have_count(1)
+            page.locator("table.list tbody a").click()
+            expect(page.locator("pre.payload").last).to_have_text("<not json>")
+            page.screenshot(path=ARTIFACTS / "quarantine.png", full_page=True)
+        finally:
+            browser.close()
+    archive = next(key for key in statuses(server["database"]) if key.endswith("/archive"))
+    blocking_eventually(lambda: statuses(server["database"])[archive] == "succeeded")
+    assert json.loads(httpx.get(f"{server['sink']}/_bench/count").text)["requests"] >= 2
