@@ -14,13 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from receivers.config import ReceiverConfig, source_prefix
 from receivers.handler import HookEndpoint
 from receivers.kinds import kinds_by_path
-from receivers.metrics import Counters
+from receivers.metrics import Metrics, ReceiverCounters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem
 from receivers.routing import ReceiverApp
@@ -39,14 +39,18 @@ def create_app(
     after_commit: AfterCommit | None = None,
     clock: Callable[[], datetime] = utc_now,
     around: Callable[[], AbstractAsyncContextManager[None]] | None = None,
+    metrics: Metrics | None = None,
 ) -> Starlette:
     """The receivers app: every kind's URL for every configured source, plus health checks.
 
     ``after_commit`` is awaited with the newly stored events after each commit (the relay's
     hook); the receivers themselves know nothing about relaying. ``around`` is entered before
     the store's writer starts and left after it has stopped (what the hook needs lives there).
+    ``metrics`` holds the registry ``/metrics`` serves (a new one of the app's own by default);
+    the receivers' counters are registered in it.
     """
-    counters = Counters()
+    metrics = metrics if metrics is not None else Metrics()
+    counters = ReceiverCounters(metrics.registry)
     writer = EventWriter(
         engine, clock=clock, after_commit=after_commit, writer_process=config.writer_process
     )
@@ -98,13 +102,14 @@ def create_app(
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
 
-    async def metrics(request: Request) -> Response:
-        return PlainTextResponse(counters.render(), media_type="text/plain; version=0.0.4")
+    async def scrape(request: Request) -> Response:
+        body, content_type = await metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     routes += [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics", scrape, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
     app = ReceiverApp(
@@ -117,6 +122,7 @@ def create_app(
     # a redirect is no answer for the platform (it follows none), and Starlette builds its
     # Location from the caller's Host header: an unknown path is a 404 problem instead
     app.router.redirect_slashes = False
+    app.state.metrics = metrics
     app.state.counters = counters
     app.state.writer = writer
     return app

@@ -26,9 +26,9 @@ from receivers.auth import (
 )
 from receivers.body import Undecodable, decode_json, query_as_payload, query_without, read_body
 from receivers.config import ReceiverConfig
-from receivers.dedup import dedup_key
+from receivers.dedup import dedup_key, platform_refs
 from receivers.kinds import Kind
-from receivers.metrics import Counters
+from receivers.metrics import ReceiverCounters
 from receivers.problems import Problem
 from receivers.sources import Network, SourceConfig
 from receivers.store.records import Arrival, Rejection, StoreUnavailable
@@ -62,7 +62,7 @@ class HookEndpoint:
         kinds: Sequence[Kind],
         config: ReceiverConfig,
         writer: Callable[[], EventWriter],
-        counters: Counters,
+        counters: ReceiverCounters,
         clock: Callable[[], datetime],
     ) -> None:
         self.source_name = source_name
@@ -72,16 +72,15 @@ class HookEndpoint:
         self.writer = writer
         self.counters = counters
         self.clock = clock
-        self._callbacks_total = {
-            (kind.name, duplicate): counters.key(
-                "relay_callbacks_total",
-                source=source_name,
-                kind=kind.name,
-                outcome="duplicate" if duplicate else "stored",
+        self._callbacks_total = {  # resolved once: an accepted callback costs one inc()
+            (kind.name, duplicate): counters.callbacks.labels(
+                source=source_name, kind=kind.name, outcome="duplicate" if duplicate else "stored"
             )
             for kind in kinds
             for duplicate in (False, True)
         }
+        self._disconnects = counters.client_disconnects.labels(source=source_name)
+        self._store_unavailable = counters.store_unavailable.labels(source=source_name)
         self._answer_tails = {
             kind.name: ANSWER_TAIL.format(kind=kind.name).encode() for kind in kinds
         }
@@ -100,17 +99,15 @@ class HookEndpoint:
             return await self._handle(scope, receive)
         except ClientDisconnect:
             # the caller left before its body was in: nothing to answer, and nothing went wrong
-            self.counters.inc("relay_client_disconnects_total", source=self.source_name)
+            self._disconnects.inc()
             log.info("caller disconnected before the end of its body on %s", scope["path"])
             return _answer_of(CALLER_GONE.response())
         except AuthFailure as failure:
-            self.counters.inc(
-                "relay_auth_failures_total", source=self.source_name, reason=failure.reason
-            )
+            self.counters.auth_failures.labels(source=self.source_name, reason=failure.reason).inc()
             log.info("refused callback on %s: %s", URL(scope=scope).path, failure.reason)
             return _answer_of(failure.response())
         except StoreUnavailable:
-            self.counters.inc("relay_store_unavailable_total", source=self.source_name)
+            self._store_unavailable.inc()
             return _answer_of(
                 Problem(
                     503,
@@ -194,6 +191,7 @@ class HookEndpoint:
             return _answer_of(problem.response())
 
         payload = model.to_stored()  # type: ignore[attr-defined]
+        platform_id, event_name = platform_refs(kind, payload)
         receipt = await self.writer().store(
             Arrival(
                 source=self.source_name,
@@ -204,9 +202,11 @@ class HookEndpoint:
                 content_type=content_type,
                 method=method,
                 remote_addr=remote_addr,
+                platform_id=platform_id,
+                event_name=event_name,
             )
         )
-        self.counters.add(self._callbacks_total[kind.name, receipt.duplicate])
+        self._callbacks_total[kind.name, receipt.duplicate].inc()
         body = b'{"id": "' + receipt.event_id.encode() + self._answer_tails[kind.name]
         return 200, [(b"content-length", b"%d" % len(body)), ANSWER_CONTENT_TYPE], body
 
@@ -237,9 +237,7 @@ class HookEndpoint:
         content_type: str | None,
         remote_addr: str | None,
     ) -> None:
-        self.counters.inc(
-            "relay_rejected_total", source=self.source_name, status=str(problem.status)
-        )
+        self.counters.rejected.labels(source=self.source_name, status=str(problem.status)).inc()
         await self.writer().quarantine(
             Rejection(
                 source=self.source_name,

@@ -1,48 +1,72 @@
-"""In-process counters of what the receivers saw, rendered in Prometheus text format."""
+"""Prometheus figures with ``prometheus_client``: one registry per app or worker, never the
+library's global ``REGISTRY``, and the receivers' counters in it."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Awaitable, Callable
 
-LabelSet = tuple[tuple[str, str], ...]
-CounterKey = tuple[str, LabelSet]
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.exposition import choose_encoder
 
-
-class Counters:
-    """Monotonic counters keyed by name and labels; one instance per app."""
-
-    def __init__(self) -> None:
-        self._values: Counter[CounterKey] = Counter()
-
-    @staticmethod
-    def key(name: str, **labels: str) -> CounterKey:
-        """The key of one counter, for :meth:`add` on hot paths."""
-        return (name, tuple(sorted(labels.items())))
-
-    def add(self, key: CounterKey, amount: int = 1) -> None:
-        """Add ``amount`` to the counter with this key."""
-        self._values[key] += amount
-
-    def inc(self, name: str, amount: int = 1, **labels: str) -> None:
-        """Add ``amount`` to the counter ``name`` with these labels."""
-        self._values[self.key(name, **labels)] += amount
-
-    def get(self, name: str, **labels: str) -> int:
-        """The current value of one counter."""
-        return self._values[self.key(name, **labels)]
-
-    def render(self) -> str:
-        """All counters in Prometheus exposition format."""
-        lines: list[str] = []
-        for name in sorted({name for name, _ in self._values}):
-            lines.append(f"# TYPE {name} counter")
-            for (metric, labels), value in sorted(self._values.items()):
-                if metric != name:
-                    continue
-                rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-                lines.append(f"{name}{{{rendered}}} {value}" if rendered else f"{name} {value}")
-        return "\n".join(lines) + "\n"
+Refresh = Callable[[], Awaitable[None]]
+"""Brings some figures up to date just before they are read (e.g. from the database)."""
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class Metrics:
+    """The figures one process serves: its registry, and what to refresh before a scrape.
+
+    Built by the wiring and passed down (to the app, the worker), so that everything one process
+    records lands in the registry its ``/metrics`` serves."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._refreshes: list[Refresh] = []
+
+    def before_scrape(self, refresh: Refresh) -> None:
+        """Await ``refresh`` before each scrape (it handles its own errors and time limit)."""
+        self._refreshes.append(refresh)
+
+    async def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The refreshed figures and their content type, in the format the scraper's
+        ``Accept`` header asks for (Prometheus text by default, or OpenMetrics)."""
+        for refresh in self._refreshes:
+            await refresh()
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class ReceiverCounters:
+    """The receivers' counters, registered in ``registry``. Their labels are sources, kinds and
+    fixed reasons: never a credential."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.callbacks = Counter(
+            "relay_callbacks_total",
+            "Callbacks accepted: stored, or answered again as a duplicate.",
+            ("source", "kind", "outcome"),
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "relay_client_disconnects_total",
+            "Callers that left before the end of their body.",
+            ("source",),
+            registry=registry,
+        )
+        self.auth_failures = Counter(
+            "relay_auth_failures_total",
+            "Callbacks refused with 401 or 403, by reason.",
+            ("source", "reason"),
+            registry=registry,
+        )
+        self.store_unavailable = Counter(
+            "relay_store_unavailable_total",
+            "Callbacks answered 503 because the store could not take them.",
+            ("source",),
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "relay_rejected_total",
+            "Bodies quarantined (400, 422), by answer status.",
+            ("source", "status"),
+            registry=registry,
+        )

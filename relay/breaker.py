@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from enum import IntEnum
 from typing import Protocol
 
 
@@ -66,3 +67,23 @@ def hold_until(health: DestinationHealth, now: datetime) -> datetime | None:
     if health.paused_until is not None and health.paused_until > now:
         return health.paused_until
     return None
+
+
+class BreakerState(IntEnum):
+    """A destination's state as a number (the ``relay_destination_breaker_state`` gauge)."""
+
+    CLOSED = 0
+    """Attempts are made."""
+    PAUSED = 1
+    """The breaker is open: no attempts until ``paused_until``."""
+    DISABLED = 2
+    """A 410 Gone switched the destination off until an operator enables it."""
+
+
+def breaker_state(health: DestinationHealth, now: datetime) -> BreakerState:
+    """What the destination's health means at ``now``; disabled wins over a pause."""
+    if health.disabled:
+        return BreakerState.DISABLED
+    if health.paused_until is not None and health.paused_until > now:
+        return BreakerState.PAUSED
+    return BreakerState.CLOSED

@@ -22,6 +22,7 @@ from relay import outbox
 from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
 from relay.destinations import Destination, Outbound, Outcome
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
+from relay.metrics import FAILED_ATTEMPT, GONE_ATTEMPT, SUCCEEDED_ATTEMPT, WorkerMetrics
 from relay.outbox import AttemptRecord, AttemptResult, Claim, Due
 from relay.policies import Policy, retry_after_bounded
 from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
@@ -64,7 +65,8 @@ class Deliverer:
     claim; a batch (:meth:`attempt_many`) is claimed up front and each of its attempts waits at
     most half the lease margin for a slot, so no lease runs out before its attempt ends. The
     claims, records and releases of concurrent attempts share transactions
-    (:class:`~receivers.store.coalescer.Coalescer`)."""
+    (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics``
+    (a private registry by default)."""
 
     def __init__(
         self,
@@ -76,6 +78,7 @@ class Deliverer:
         lease: timedelta,
         rng: random.Random | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._engine = engine
         self._targets = targets
@@ -87,6 +90,8 @@ class Deliverer:
         longest = max((t.timeout for t in targets.values()), default=timedelta(0))
         self._start_window = max(lease - longest, timedelta(0)).total_seconds() / 2
         self._outbox: Coalescer[OutboxRequest, Claim | bool | None] = Coalescer(self._outbox_group)
+        figures = metrics if metrics is not None else WorkerMetrics()
+        self._figures = {name: figures.destination(name) for name in targets}
 
     async def attempt(self, delivery_id: str) -> Due | None:
         """Attempt the delivery if it is due and free; returns its next job, if it needs one."""
@@ -268,6 +273,8 @@ class Deliverer:
             def change(health: DestinationHealth) -> DestinationHealth:
                 return after_failure(health, policy, finished)
 
+        figures = self._figures[delivery.destination]
+        figures.attempted(_attempt_outcome(outcome), outcome.duration_ms / 1000)
         result = AttemptResult(
             started_at=started,
             duration_ms=outcome.duration_ms,
@@ -281,6 +288,8 @@ class Deliverer:
         if not recorded:
             log.warning("lease of delivery %s expired during its attempt", delivery.id)
             return None
+        if status == SUCCEEDED:
+            figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
         if not outcome.ok:
             log.info(
                 "attempt %d of delivery %s to %s failed: %s; %s",
@@ -338,6 +347,12 @@ def _relay_error(claimed: Claim, exc: Exception, duration_ms: float) -> Outcome:
     )
     log.debug("traceback of that attempt of delivery %s", delivery.id, exc_info=exc)
     return Outcome(ok=False, error=error, duration_ms=duration_ms)
+
+
+def _attempt_outcome(outcome: Outcome) -> str:
+    if outcome.ok:
+        return SUCCEEDED_ATTEMPT
+    return GONE_ATTEMPT if outcome.gone else FAILED_ATTEMPT
 
 
 def _health(row: Any) -> DestinationHealth:

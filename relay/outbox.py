@@ -439,35 +439,54 @@ async def replay(
     status: str | None = None,
     destination: str | None = None,
     since: datetime | None = None,
+    progress: Callable[[int, int], object] | None = None,
 ) -> list[Due]:
-    """Put deliveries back on a fresh schedule, due now; returns them for enqueueing."""
+    """Put deliveries back on a fresh schedule, due now; returns them for enqueueing.
+
+    The matching deliveries are found first, then replayed :data:`LOOKUP_CHUNK` at a time, one
+    transaction each: a large replay never holds SQLite's write lock (or PostgreSQL's row locks)
+    for long, and any number of ids fits every driver's parameter limit. A delivery that no
+    longer matches the filters when its chunk comes is left alone. ``progress(done, total)`` is
+    told before the first chunk and after each."""
     conditions = []
-    if delivery_ids:
-        conditions.append(DELIVERIES.c.id.in_(list(delivery_ids)))
     if status is not None:
         conditions.append(DELIVERIES.c.status == status)
     if destination is not None:
         conditions.append(DELIVERIES.c.destination == destination)
     if since is not None:
         conditions.append(DELIVERIES.c.created_at >= since)
-    if not conditions:
+    if delivery_ids:
+        targets = list(dict.fromkeys(delivery_ids))
+    elif conditions:
+        query = select(DELIVERIES.c.id).where(*conditions).order_by(DELIVERIES.c.id)
+        async with engine.connect() as conn:
+            targets = list((await conn.execute(query)).scalars())
+    else:
         raise ValueError("replay needs delivery ids or a filter")
-    statement = (
-        update(DELIVERIES)
-        .where(and_(*conditions))
-        .values(
-            status=PENDING,
-            schedule_base=DELIVERIES.c.attempts,
-            first_attempt_at=None,
-            next_attempt_at=now,
-            finished_at=None,
-            leased_until=None,
-            lease_token=None,
+    replayed: list[Due] = []
+    if progress is not None:
+        progress(0, len(targets))
+    for start in range(0, len(targets), LOOKUP_CHUNK):
+        chunk = targets[start : start + LOOKUP_CHUNK]
+        statement = (
+            update(DELIVERIES)
+            .where(DELIVERIES.c.id.in_(chunk), *conditions)
+            .values(
+                status=PENDING,
+                schedule_base=DELIVERIES.c.attempts,
+                first_attempt_at=None,
+                next_attempt_at=now,
+                finished_at=None,
+                leased_until=None,
+                lease_token=None,
+            )
+            .returning(DELIVERIES.c.id, DELIVERIES.c.attempts)
         )
-        .returning(DELIVERIES.c.id, DELIVERIES.c.attempts)
-    )
-    async with engine.begin() as conn:
-        return [Due(r.id, r.attempts, now) for r in await conn.execute(statement)]
+        async with engine.begin() as conn:
+            replayed += [Due(r.id, r.attempts, now) for r in await conn.execute(statement)]
+        if progress is not None:
+            progress(start + len(chunk), len(targets))
+    return replayed
 
 
 async def enable_destination(engine: AsyncEngine, name: str, now: datetime) -> list[Due]:
@@ -497,3 +516,24 @@ async def delivery_counts(engine: AsyncEngine) -> dict[str, int]:
     query = select(DELIVERIES.c.status, func.count()).group_by(DELIVERIES.c.status)
     async with engine.connect() as conn:
         return {status: count for status, count in await conn.execute(query)}
+
+
+async def metrics_figures(engine: AsyncEngine) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    """What the metrics read of the store: per destination and status (pending and dead only,
+    found through the status indexes, so the succeeded rows are never read), the deliveries'
+    ``count`` and ``oldest`` creation time; and each destination's health row."""
+    backlog = (
+        select(
+            DELIVERIES.c.destination,
+            DELIVERIES.c.status,
+            func.count().label("count"),
+            func.min(DELIVERIES.c.created_at).label("oldest"),
+        )
+        .where(DELIVERIES.c.status.in_([PENDING, DEAD]))
+        .group_by(DELIVERIES.c.destination, DELIVERIES.c.status)
+    )
+    health = select(
+        STATES.c.name, STATES.c.consecutive_failures, STATES.c.paused_until, STATES.c.disabled
+    )
+    async with engine.connect() as conn:
+        return list((await conn.execute(backlog)).all()), list((await conn.execute(health)).all())

@@ -11,6 +11,7 @@ from datetime import datetime
 import fakeredis
 from arq.connections import ArqRedis
 from arq.worker import Worker
+from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
@@ -20,8 +21,11 @@ from receivers.config import ReceiverConfig
 from receivers.store import create_engine, utc_now
 from relay import migrate
 from relay.bootstrap import generated_token, token_source
+from relay.console.access import ConsoleAccess, console_access, mount_console
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
 from relay.jobs import JobQueue, open_pool
+from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
+from relay.outbox import Due
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
 from relay.worker import EmbeddedWorker, build_worker
@@ -35,28 +39,49 @@ class Runtime:
     engine: AsyncEngine
     receiver_config: ReceiverConfig
     generated_token: str | None
+    console: ConsoleAccess | None = None
 
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
         """The ASGI app to serve: receivers whose commits are routed and relayed."""
         hook = RoutingHook(self.engine, router_for(self.settings), clock)
+        metrics = serve_metrics(self.engine, self.settings.destinations, clock)
 
         @contextlib.asynccontextmanager
         async def relay() -> AsyncIterator[None]:
-            async with relay_queue(self.settings, self.engine, clock) as queue:
+            async with relay_queue(
+                self.settings, self.engine, clock, registry=metrics.registry
+            ) as queue:
                 hook.queue = queue
                 yield
 
-        return create_app(
-            self.receiver_config, self.engine, after_commit=hook, clock=clock, around=relay
+        app = create_app(
+            self.receiver_config,
+            self.engine,
+            after_commit=hook,
+            clock=clock,
+            around=relay,
+            metrics=metrics,
         )
+        if self.console is not None:
+
+            async def enqueue(due: list[Due]) -> None:
+                if hook.queue is not None:
+                    await hook.queue.enqueue(due)
+
+            mount_console(app, self.console, self.settings, self.engine, enqueue, clock)
+        return app
 
 
 @contextlib.asynccontextmanager
 async def relay_queue(
-    settings: Settings, engine: AsyncEngine, clock: Callable[[], datetime]
+    settings: Settings,
+    engine: AsyncEngine,
+    clock: Callable[[], datetime],
+    *,
+    registry: CollectorRegistry | None = None,
 ) -> AsyncIterator[JobQueue]:
     """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
-    worker running in this event loop."""
+    worker running in this event loop, recording in ``registry`` (the server's)."""
     if settings.redis_url:
         pool = await open_pool(settings.redis_url)
         try:
@@ -66,7 +91,13 @@ async def relay_queue(
         return
     pool = embedded_pool()
     worker = build_worker(
-        settings, engine, pool, clock=clock, worker_class=EmbeddedWorker, handle_signals=False
+        settings,
+        engine,
+        pool,
+        clock=clock,
+        worker_class=EmbeddedWorker,
+        handle_signals=False,
+        metrics=WorkerMetrics(registry),
     )
     assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
@@ -156,14 +187,22 @@ async def start(settings: Settings) -> Runtime:
             trusted_proxies=tuple(settings.trusted_proxies),
             writer_process=settings.writer_process,
         )
+        console = await console_access(settings, engine)
     except BaseException:
         await engine.dispose()
         raise
-    return Runtime(settings, engine, config, token)
+    return Runtime(settings, engine, config, token, console)
 
 
-async def run_worker(settings: Settings, clock: Callable[[], datetime] = utc_now) -> None:
-    """`relay worker`: the relay worker and its sweeper on the configured Redis, until stopped."""
+async def run_worker(
+    settings: Settings,
+    clock: Callable[[], datetime] = utc_now,
+    *,
+    metrics_host: str = "127.0.0.1",
+    metrics_port: int | None = None,
+) -> None:
+    """`relay worker`: the relay worker and its sweeper on the configured Redis, until stopped;
+    with a ``metrics_port``, its figures are served at ``http://metrics_host:port/metrics``."""
     if not settings.redis_url:
         raise SettingsError(
             "relay worker needs redis_url (RELAY_REDIS_URL); without it, `relay serve` runs "
@@ -173,9 +212,11 @@ async def run_worker(settings: Settings, clock: Callable[[], datetime] = utc_now
     try:
         await prepare_database(engine)
         pool = await open_pool(settings.redis_url)
-        worker = build_worker(settings, engine, pool, clock=clock)
+        metrics = WorkerMetrics()
+        worker = build_worker(settings, engine, pool, clock=clock, metrics=metrics)
         try:
-            await worker.async_run()
+            async with metrics_server(metrics.registry, metrics_host, metrics_port):
+                await worker.async_run()
         except asyncio.CancelledError:
             pass  # SIGINT/SIGTERM: arq cancels its main task and its jobs
         finally:

@@ -16,6 +16,7 @@ from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import build_destination, new_http_client
 from relay.jobs import JobQueue
+from relay.metrics import WorkerMetrics
 from relay.outbox import EventRef
 from relay.router import Router
 from relay.settings import Settings
@@ -75,9 +76,16 @@ def lease_for(settings: Settings) -> timedelta:
 
 
 def worker_services(
-    settings: Settings, engine: AsyncEngine, pool: ArqRedis, clock: Callable[[], datetime]
+    settings: Settings,
+    engine: AsyncEngine,
+    pool: ArqRedis,
+    clock: Callable[[], datetime],
+    *,
+    metrics: WorkerMetrics | None = None,
 ) -> WorkerServices:
-    """Build the destinations and the deliverer of one worker."""
+    """Build the destinations and the deliverer of one worker; its deliverer and sweeper
+    record in ``metrics`` (a private registry by default)."""
+    metrics = metrics if metrics is not None else WorkerMetrics()
     http_client = new_http_client(limits=HTTP_LIMITS)
     targets = {
         name: Target(build_destination(name, config, http_client=http_client), config.timeout)
@@ -91,8 +99,14 @@ def worker_services(
         clock=clock,
         lease=lease_for(settings),
         concurrency=settings.worker_concurrency,
+        metrics=metrics,
     )
     sweeper = Sweeper(
-        engine, router_for(settings), queue, clock=clock, interval=settings.sweep_interval
+        engine,
+        router_for(settings),
+        queue,
+        clock=clock,
+        interval=settings.sweep_interval,
+        metrics=metrics,
     )
     return WorkerServices(deliverer, queue, sweeper, http_client, targets)

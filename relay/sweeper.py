@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay import outbox
 from relay.jobs import JobQueue
+from relay.metrics import WorkerMetrics
 from relay.router import Router
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ class SweepReport:
 
 
 class Sweeper:
-    """Runs :meth:`sweep` at start-up and then every ``interval``."""
+    """Runs :meth:`sweep` at start-up and then every ``interval``; each run is counted in
+    ``metrics`` (a private registry by default)."""
 
     def __init__(
         self,
@@ -46,6 +48,7 @@ class Sweeper:
         *,
         clock: Callable[[], datetime],
         interval: timedelta,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._engine = engine
         self._router = router
@@ -53,12 +56,22 @@ class Sweeper:
         self._clock = clock
         self._interval = interval
         self._scan_from: datetime | None = None  # None: scan every stored event (first sweep)
+        self._metrics = metrics if metrics is not None else WorkerMetrics()
 
     async def sweep(self) -> SweepReport:
         """One pass: route what was not routed, then enqueue what is due and has no job.
 
         The first pass looks at every stored event; later ones only at events received since the
         previous pass (less a generous overlap), so a sweep does not grow with the history."""
+        try:
+            report = await self._sweep()
+        except Exception:
+            self._metrics.sweeps_failed.inc()
+            raise
+        self._metrics.sweeps_ok.inc()
+        return report
+
+    async def _sweep(self) -> SweepReport:
         routed = enqueued = 0
         while True:
             now = self._clock()

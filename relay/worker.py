@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from relay.delivery import AttemptsFailed
 from relay.destinations.errors import without_credentials
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
+from relay.metrics import WorkerMetrics
 from relay.outbox import Due
 from relay.services import WorkerServices, lease_for, worker_services
 from relay.settings import Settings
@@ -85,13 +86,16 @@ def build_worker(
     clock: Callable[[], datetime],
     worker_class: type[Worker] | None = None,
     handle_signals: bool = True,
+    metrics: WorkerMetrics | None = None,
 ) -> Worker:
-    """An arq worker for the relay queue; its sweeper runs from start-up to shutdown."""
+    """An arq worker for the relay queue; its sweeper runs from start-up to shutdown. Its
+    attempts and sweeps are recorded in ``metrics`` (a private registry by default)."""
     sweeper_task: asyncio.Task[None] | None = None
+    figures = metrics if metrics is not None else WorkerMetrics()
 
     async def startup(ctx: dict[str, Any]) -> None:
         nonlocal sweeper_task
-        services = worker_services(settings, engine, pool, clock)
+        services = worker_services(settings, engine, pool, clock, metrics=figures)
         ctx[SERVICES] = services
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
         log.info(started_line(settings))

@@ -36,8 +36,9 @@ async def test_unauthenticated_is_401_and_not_stored(
     assert_problem(await client.post("/hooks/sms/inbound", json=factories.sms_inbound()), 401)
     assert await queries.count_events(engine) == 0
     assert await queries.list_rejected(engine) == []
-    counters = client.app.state.counters  # type: ignore[attr-defined]
-    assert counters.get("relay_auth_failures_total", source="default", reason="bad-token") == 1
+    registry = client.app.state.metrics.registry  # type: ignore[attr-defined]
+    labels = {"source": "default", "reason": "bad-token"}
+    assert registry.get_sample_value("relay_auth_failures_total", labels) == 1
 
 
 @pytest.mark.slow

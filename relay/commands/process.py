@@ -72,8 +72,29 @@ def serve(
 @click.command()
 @log_level_option
 @log_format_option
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    envvar="RELAY_METRICS_PORT",
+    help="Serve this worker's Prometheus metrics at /metrics on this port; default: not "
+    "served ($RELAY_METRICS_PORT).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="RELAY_METRICS_HOST",
+    help="Interface of the metrics port ($RELAY_METRICS_HOST).",
+)
 @config_option
-def worker(log_level: str, log_format: LogFormat, config_file: str | None) -> None:
+def worker(
+    log_level: str,
+    log_format: LogFormat,
+    metrics_port: int | None,
+    metrics_host: str,
+    config_file: str | None,
+) -> None:
     """Run a relay worker (and its sweeper) on the configured Redis."""
     from relay.runtime import run_worker
     from relay.worker import shorten_switch_interval
@@ -81,7 +102,7 @@ def worker(log_level: str, log_format: LogFormat, config_file: str | None) -> No
     settings = load_settings_or_exit(config_file)
     configure_logging(log_level, log_format)
     shorten_switch_interval()
-    run(run_worker(settings))
+    run(run_worker(settings, metrics_host=metrics_host, metrics_port=metrics_port))
 
 
 @click.group()
