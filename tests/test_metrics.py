@@ -266,7 +266,10 @@ async def test_relay_serve_records_receivers_and_embedded_worker_in_one_registry
         async def scraped() -> str | None:
             text = (await client.get("/metrics")).text
             delivered = sample(text, "relay_delivery_lag_seconds_count", destination="crm")
-            return text if delivered == 3 else None  # observed once the success is recorded
+            pending = sample(text, "relay_deliveries_pending", destination="crm")
+            # the lag is observed once the success is recorded; the gauges are read from the
+            # database at the start of a scrape, so one scrape may precede the other
+            return text if delivered == 3 and pending == 0 else None
 
         text = await eventually(scraped)
         openmetrics = await client.get(
