@@ -150,7 +150,7 @@ class StoreFigures:
         scrape (logged), and the process's own figures are served all the same."""
         try:
             async with asyncio.timeout(self._timeout):
-                backlog, health = await outbox.metrics_figures(self._engine)
+                backlog, health = await outbox.store_figures(self._engine)
         except Exception as exc:
             log.warning("metrics: cannot read the store's figures: %s", describe_error(exc))
             for gauge in (*self._by_destination, self.oldest_pending_age):

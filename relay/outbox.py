@@ -439,6 +439,7 @@ async def replay(
     status: str | None = None,
     destination: str | None = None,
     since: datetime | None = None,
+    until: datetime | None = None,
     progress: Callable[[int, int], object] | None = None,
 ) -> list[Due]:
     """Put deliveries back on a fresh schedule, due now; returns them for enqueueing.
@@ -455,6 +456,8 @@ async def replay(
         conditions.append(DELIVERIES.c.destination == destination)
     if since is not None:
         conditions.append(DELIVERIES.c.created_at >= since)
+    if until is not None:
+        conditions.append(DELIVERIES.c.created_at < until)
     if delivery_ids:
         targets = list(dict.fromkeys(delivery_ids))
     elif conditions:
@@ -518,10 +521,12 @@ async def delivery_counts(engine: AsyncEngine) -> dict[str, int]:
         return {status: count for status, count in await conn.execute(query)}
 
 
-async def metrics_figures(engine: AsyncEngine) -> tuple[list[Row[Any]], list[Row[Any]]]:
-    """What the metrics read of the store: per destination and status (pending and dead only,
-    found through the status indexes, so the succeeded rows are never read), the deliveries'
-    ``count`` and ``oldest`` creation time; and each destination's health row."""
+async def store_figures(
+    engine: AsyncEngine, statuses: Sequence[str] = (PENDING, DEAD)
+) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    """What operators read of the store (metrics, the console): per destination and status
+    among ``statuses`` (found through the status indexes, so succeeded rows are never read),
+    the deliveries' ``count`` and ``oldest`` creation time; and each destination's health."""
     backlog = (
         select(
             DELIVERIES.c.destination,
@@ -529,11 +534,10 @@ async def metrics_figures(engine: AsyncEngine) -> tuple[list[Row[Any]], list[Row
             func.count().label("count"),
             func.min(DELIVERIES.c.created_at).label("oldest"),
         )
-        .where(DELIVERIES.c.status.in_([PENDING, DEAD]))
+        .where(DELIVERIES.c.status.in_(list(statuses)))
         .group_by(DELIVERIES.c.destination, DELIVERIES.c.status)
     )
-    health = select(
-        STATES.c.name, STATES.c.consecutive_failures, STATES.c.paused_until, STATES.c.disabled
-    )
     async with engine.connect() as conn:
-        return list((await conn.execute(backlog)).all()), list((await conn.execute(health)).all())
+        return list((await conn.execute(backlog)).all()), list(
+            (await conn.execute(select(STATES))).all()
+        )

@@ -508,6 +508,10 @@ async def test_a_bulk_replay_is_bound_to_the_count_it_confirmed(
     assert stale.status_code == 200 and "The count changed" in stale.text
     assert '<strong class="count">3</strong>' in stale.text
     assert set((await statuses(engine)).values()) == {DEAD}
+    before = (START - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    early = await operator.act("/console/deliveries/replay", until=before, confirm="yes", count="0")
+    assert early.status_code == 303  # nothing was created before then: nothing replayed
+    assert set((await statuses(engine)).values()) == {DEAD}
     done = await operator.act("/console/deliveries/replay", confirm="yes", count="3")
     assert done.status_code == 303
     assert set((await statuses(engine)).values()) == {PENDING}

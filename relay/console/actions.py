@@ -23,8 +23,6 @@ from relay.tables import DEAD
 
 log = logging.getLogger("relay.console")
 
-REPLAY_CHUNK = outbox.LOOKUP_CHUNK
-
 
 async def replay_delivery(
     console: Console, request: Request, operator: Operator, fields: Mapping[str, str]
@@ -93,17 +91,16 @@ async def bulk_replay(
             list_query=query_string(where),
             notice="The count changed since you confirmed: check it again." if changed else None,
         )
-    ids = await queries.delivery_ids(console.engine, where)
-    replayed = 0
-    for start in range(0, len(ids), REPLAY_CHUNK):
-        due = await outbox.replay(
-            console.engine,
-            console.clock(),
-            delivery_ids=ids[start : start + REPLAY_CHUNK],
-            status=DEAD,
-        )
-        await console.enqueue(due)
-        replayed += len(due)
+    due = await outbox.replay(
+        console.engine,
+        console.clock(),
+        status=DEAD,
+        destination=where.destination,
+        since=where.since,
+        until=where.until,
+    )
+    await console.enqueue(due)
+    replayed = len(due)
     log.info(
         "console: %s replayed %d dead deliveries (%s)",
         operator.name,

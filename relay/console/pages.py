@@ -9,6 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receivers.kinds import KINDS_BY_NAME
+from relay import outbox
+from relay.breaker import BreakerState, DestinationHealth, breaker_state
 from relay.console import queries
 from relay.console.charts import health_chart
 from relay.console.filters import (
@@ -20,8 +22,14 @@ from relay.console.filters import (
 )
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, query, see_other
-from relay.tables import DEAD, DELIVERY_STATUSES
+from relay.tables import DEAD, DELIVERY_STATUSES, HELD, PENDING
 
+BREAKER_NAMES = {
+    BreakerState.CLOSED: "closed",
+    BreakerState.PAUSED: "open",
+    BreakerState.DISABLED: "held",
+}
+"""How the page names each breaker state (held: disabled by a 410 or an operator)."""
 ROW_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NOTICES = {
     "replayed": "Replayed: the deliveries are due now.",
@@ -93,36 +101,37 @@ async def deliveries(console: Console, request: Request, operator: Operator) -> 
         destinations=console.destinations,
         next_query=query_string(where, before=page.next.encode()) if page.next else None,
         first_query=query_string(where, before=None),
-        dead=DEAD,
         notice=notice(request),
     )
 
 
 async def destinations(console: Console, request: Request, operator: Operator) -> Response:
     now = console.clock()
-    states = await queries.destination_states(console.engine)
-    counts = await queries.destination_counts(console.engine, console.destinations)
-    health = await queries.destination_health(console.engine, now)
+    backlog, health_rows = await outbox.store_figures(console.engine, (PENDING, HELD, DEAD))
+    counts = {name: dict.fromkeys((PENDING, HELD, DEAD), 0) for name in console.destinations}
+    for row in backlog:
+        counts.get(row.destination, {})[row.status] = row.count
+    states = {row.name: row for row in health_rows}
+    history = await queries.destination_health(console.engine, now)
     rows: list[dict[str, Any]] = []
     for name in console.destinations:
         state = states.get(name)
-        buckets = health.get(name, [])
+        health = (
+            DestinationHealth(state.consecutive_failures, state.paused_until, state.disabled)
+            if state is not None
+            else DestinationHealth()
+        )
+        buckets = history.get(name, [])
         attempts = sum(b.attempts for b in buckets)
-        succeeded = sum(b.succeeded for b in buckets)
-        timed = [b for b in buckets if b.mean_ms is not None]
         rows.append(
             {
                 "name": name,
-                "breaker": breaker_state(state, now),
+                "breaker": BREAKER_NAMES[breaker_state(health, now)],
                 "state": state,
                 "counts": counts[name],
                 "attempts": attempts,
-                "success_rate": succeeded / attempts if attempts else None,
-                "mean_ms": (
-                    sum(b.mean_ms * b.attempts for b in timed) / sum(b.attempts for b in timed)  # type: ignore[operator]
-                    if timed
-                    else None
-                ),
+                "success_rate": sum(b.succeeded for b in buckets) / attempts if attempts else None,
+                "mean_ms": mean_ms(buckets),
                 "chart": health_chart(buckets),
             }
         )
@@ -131,15 +140,11 @@ async def destinations(console: Console, request: Request, operator: Operator) -
     )
 
 
-def breaker_state(state: Any, now: Any) -> str:
-    """closed, open (paused by the breaker) or held (disabled: 410 Gone or an operator)."""
-    if state is None:
-        return "closed"
-    if state.disabled:
-        return "held"
-    if state.paused_until is not None and state.paused_until > now:
-        return "open"
-    return "closed"
+def mean_ms(buckets: list[queries.HealthBucket]) -> float | None:
+    """The mean attempt duration over ``buckets`` (None without a timed attempt)."""
+    timed = [(b.mean_ms, b.attempts) for b in buckets if b.mean_ms is not None]
+    weight = sum(attempts for _, attempts in timed)
+    return sum(mean * attempts for mean, attempts in timed) / weight if weight else None
 
 
 async def quarantine(console: Console, request: Request, operator: Operator) -> Response:

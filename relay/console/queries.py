@@ -18,8 +18,7 @@ from sqlalchemy.sql import Select
 
 from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
-from relay.outbox import ATTEMPTS, DELIVERIES, STATES
-from relay.tables import DEAD, HELD, PENDING
+from relay.outbox import ATTEMPTS, DELIVERIES
 
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
@@ -144,13 +143,6 @@ async def count_deliveries(engine: AsyncEngine, where: DeliveryFilter) -> int:
         return int(await conn.scalar(query) or 0)
 
 
-async def delivery_ids(engine: AsyncEngine, where: DeliveryFilter) -> list[str]:
-    """The ids of the deliveries matching ``where`` (what a bulk replay replays)."""
-    query = select(DELIVERIES.c.id).where(*_delivery_conditions(where))
-    async with engine.connect() as conn:
-        return list(await conn.scalars(query))
-
-
 def _delivery_conditions(where: DeliveryFilter) -> list[Any]:
     conditions = []
     if where.status:
@@ -158,31 +150,6 @@ def _delivery_conditions(where: DeliveryFilter) -> list[Any]:
     if where.destination:
         conditions.append(DELIVERIES.c.destination == where.destination)
     return conditions + _time_range(DELIVERIES.c.created_at, where.since, where.until)
-
-
-async def destination_counts(
-    engine: AsyncEngine, names: Sequence[str]
-) -> dict[str, dict[str, int]]:
-    """Pending, held and dead deliveries per destination (one index range each)."""
-    counts: dict[str, dict[str, int]] = {name: {} for name in names}
-    async with engine.connect() as conn:
-        for name in names:
-            for status in (PENDING, HELD, DEAD):
-                counts[name][status] = int(
-                    await conn.scalar(
-                        select(func.count())
-                        .select_from(DELIVERIES)
-                        .where(DELIVERIES.c.destination == name, DELIVERIES.c.status == status)
-                    )
-                    or 0
-                )
-    return counts
-
-
-async def destination_states(engine: AsyncEngine) -> dict[str, Row[Any]]:
-    """Every destination's breaker and 410 state, by name."""
-    async with engine.connect() as conn:
-        return {row.name: row for row in await conn.execute(select(STATES))}
 
 
 async def destination_health(engine: AsyncEngine, now: datetime) -> dict[str, list[HealthBucket]]:
