@@ -121,9 +121,24 @@ async def rejected_bodies(engine: AsyncEngine) -> dict[bytes, dict[str, Any]]:
     return {row["raw_body"]: dict(row) for row in rows}
 
 
-def writer_processes(database: str) -> list[int]:
+WRITER_PROCESS_WAIT_SECONDS = 10.0
+
+
+def writer_processes(database: str, *, count: int | None = None) -> list[int]:
     """The pids of the live writer processes of ``database`` that this process started
-    (found in /proc: children of this process running ``receivers.store.writer_process``)."""
+    (found in /proc: children of this process running ``receivers.store.writer_process``).
+
+    With ``count``, waits (up to 10 s) until that many are found: a child just forked shows
+    this process's own command line until it has run ``exec``, which a loaded machine delays."""
+    deadline = time.monotonic() + WRITER_PROCESS_WAIT_SECONDS
+    while True:
+        found = _writer_processes(database)
+        if count is None or len(found) == count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.01)
+
+
+def _writer_processes(database: str) -> list[int]:
     me = os.getpid()
     found = []
     for entry in Path("/proc").iterdir():

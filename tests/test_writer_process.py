@@ -236,7 +236,7 @@ async def test_the_lane_stores_at_its_clock_and_reports_new_events(
     lane: tuple[ProcessLane, Stored], sqlite_engine: AsyncEngine, database: str
 ) -> None:
     writer, stored = lane
-    assert writer.available and len(writer_processes(database)) == 1
+    assert writer.available and len(writer_processes(database, count=1)) == 1
     futures = [writer.submit(item) for item in [arrival("a"), arrival("a"), rejection(b"no")]]
     first, copy, quarantined = await asyncio.gather(*futures)
 
@@ -338,7 +338,7 @@ async def test_a_killed_process_fails_its_callers_and_another_one_takes_over(
 ) -> None:
     monkeypatch.setattr(writer_process, "RESTART_DELAY_SECONDS", 0.5)
     writer, _ = lane
-    [pid] = writer_processes(database)
+    [pid] = writer_processes(database, count=1)
     waiting = [writer.submit(arrival(f"lost{index}")) for index in range(FRAME_ITEMS)]
     os.kill(pid, signal.SIGKILL)
 
@@ -352,7 +352,7 @@ async def test_a_killed_process_fails_its_callers_and_another_one_takes_over(
     write_lock.rollback()  # nothing of the killed process's group was committed
 
     await eventually(lambda: writer.available)
-    [new_pid] = writer_processes(database)
+    [new_pid] = writer_processes(database, count=1)
     assert new_pid != pid
     again = await writer.submit(arrival("lost0"))
     assert isinstance(again, Receipt) and not again.duplicate
@@ -365,7 +365,7 @@ async def test_the_server_is_not_ready_while_its_writer_process_is_restarted(
     url, body = f"/hooks/sms/inbound?token={TOKEN}", factories.sms_inbound()
     async with running_client(sqlite_engine) as client:
         assert (await client.get("/readyz")).status_code == 200
-        [pid] = writer_processes(database)
+        [pid] = writer_processes(database, count=1)
         os.kill(pid, signal.SIGKILL)
 
         async def not_ready() -> bool:
