@@ -40,6 +40,9 @@ class Runtime:
     receiver_config: ReceiverConfig
     generated_token: str | None
     console: ConsoleAccess | None = None
+    refused: SettingsError | None = None
+    """Why the app's start failed, when a destination can never deliver (`relay serve` reports
+    it as any settings error, instead of the server's traceback)."""
 
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
         """The ASGI app to serve: receivers whose commits are routed and relayed."""
@@ -48,11 +51,15 @@ class Runtime:
 
         @contextlib.asynccontextmanager
         async def relay() -> AsyncIterator[None]:
-            async with relay_queue(
-                self.settings, self.engine, clock, registry=metrics.registry
-            ) as queue:
-                hook.queue = queue
-                yield
+            try:
+                async with relay_queue(
+                    self.settings, self.engine, clock, registry=metrics.registry
+                ) as queue:
+                    hook.queue = queue
+                    yield
+            except SettingsError as refused:
+                self.refused = refused
+                raise
 
         app = create_app(
             self.receiver_config,
@@ -90,6 +97,7 @@ async def relay_queue(
             await pool.aclose()
         return
     pool = embedded_pool()
+    started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     worker = build_worker(
         settings,
         engine,
@@ -98,15 +106,19 @@ async def relay_queue(
         worker_class=EmbeddedWorker,
         handle_signals=False,
         metrics=WorkerMetrics(registry),
+        started=started,
     )
     assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
     try:
+        await asyncio.wait([started, task], return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            task.result()  # the worker stopped before its destinations started: its error
+        started.result()  # a destination that can never deliver stops the server's start
         yield JobQueue(pool, on_enqueue=worker.wake, clock=clock)
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.gather(task, return_exceptions=True)  # its error, if any, was raised
         await close_worker(worker)
 
 

@@ -64,7 +64,12 @@ async def serve(
         log_redaction.install()
         config.load()  # import the HTTP protocol and build the app now, before the freeze
         freeze_startup_objects()
-        await server.serve()
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn's exit when the app's start fails
+            if runtime.refused is not None:
+                raise runtime.refused from None
+            raise
     finally:
         await runtime.engine.dispose()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,16 +15,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers import StoredEvent
 from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
-from relay.destinations import build_destination, new_http_client
+from relay.destinations import Destination, build_destination, new_http_client
+from relay.destinations.errors import DestinationRefused
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
 from relay.outbox import EventRef
 from relay.router import Router
-from relay.settings import Settings
+from relay.settings import Settings, SettingsError
 from relay.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
+START_WAIT_SECONDS = 5.0
+"""The longest a worker waits for its destinations to connect when it starts."""
 HTTP_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=100)
 """The connection limits of a worker's HTTP destinations (one client, shared)."""
 
@@ -57,6 +61,28 @@ class WorkerServices:
     sweeper: Sweeper
     http_client: httpx.AsyncClient
     targets: dict[str, Target]
+
+    async def start(self) -> None:
+        """Start every destination, all at once, waiting at most :data:`START_WAIT_SECONDS`
+        (a broker that accepts connections and never answers must not keep the worker, or
+        `relay serve`'s receivers, from starting); one still connecting then is left to its
+        first delivery. SettingsError names a destination whose setup can never deliver."""
+
+        async def start_one(name: str, destination: Destination) -> None:
+            try:
+                async with asyncio.timeout(START_WAIT_SECONDS):
+                    await destination.start()
+            except TimeoutError:
+                log.warning(
+                    "destination %r: still connecting after %g s at start; its deliveries "
+                    "will try again",
+                    name,
+                    START_WAIT_SECONDS,
+                )
+            except DestinationRefused as refused:
+                raise SettingsError(f"destination {name!r}: {refused}") from None
+
+        await asyncio.gather(*(start_one(n, t.destination) for n, t in self.targets.items()))
 
     async def aclose(self) -> None:
         """Close every destination's connections."""

@@ -27,7 +27,7 @@ from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
 from relay.metrics import WorkerMetrics
 from relay.outbox import Due
 from relay.services import WorkerServices, lease_for, worker_services
-from relay.settings import Settings
+from relay.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,12 @@ def build_worker(
     worker_class: type[Worker] | None = None,
     handle_signals: bool = True,
     metrics: WorkerMetrics | None = None,
+    started: asyncio.Future[None] | None = None,
 ) -> Worker:
     """An arq worker for the relay queue; its sweeper runs from start-up to shutdown. Its
-    attempts and sweeps are recorded in ``metrics`` (a private registry by default)."""
+    attempts and sweeps are recorded in ``metrics`` (a private registry by default).
+    ``started`` is resolved once its destinations have started, or set to the error that
+    stopped them (a destination that can never deliver)."""
     sweeper_task: asyncio.Task[None] | None = None
     figures = metrics if metrics is not None else WorkerMetrics()
 
@@ -97,6 +100,14 @@ def build_worker(
         nonlocal sweeper_task
         services = worker_services(settings, engine, pool, clock, metrics=figures)
         ctx[SERVICES] = services
+        try:
+            await services.start()
+        except SettingsError as refused:
+            if started is not None:
+                started.set_exception(refused)
+            raise
+        if started is not None:
+            started.set_result(None)
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
         log.info(started_line(settings))
 

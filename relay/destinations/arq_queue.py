@@ -45,6 +45,9 @@ class ArqDestination:
                 self._pool = await create_pool(self._settings)
             return self._pool
 
+    async def start(self) -> None:
+        """Nothing to check before the first delivery."""
+
     async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
         """Enqueue once; never raises for connection or Redis errors."""
         started = time.perf_counter()

@@ -19,6 +19,13 @@ class Destination(Protocol):
 
     name: str
 
+    async def start(self) -> None:
+        """Check what can be checked before the first delivery; raise
+        :class:`~relay.destinations.errors.DestinationRefused` for a setup that can never
+        deliver (a NATS server without JetStream). A service that is down is not an error here:
+        its deliveries fail and wait under the policy."""
+        ...
+
     async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
         """Deliver once."""
         ...

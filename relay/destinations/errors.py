@@ -10,6 +10,10 @@ MAX_ERROR_LENGTH = 200
 USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 
+class DestinationRefused(Exception):
+    """A destination whose setup can never deliver; the worker does not start with it."""
+
+
 def timeout_error(timeout: float) -> str:
     """The error for an attempt that ran out of time."""
     return f"timeout after {float(timeout)}s"

@@ -110,6 +110,9 @@ class HttpDestination:
             )
         return headers
 
+    async def start(self) -> None:
+        """Nothing to check before the first delivery."""
+
     async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
         """POST once; never raises for network errors."""
         started = time.perf_counter()

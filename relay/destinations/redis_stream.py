@@ -44,6 +44,9 @@ class RedisStreamDestination:
             "content_type": content_type or "",
         }
 
+    async def start(self) -> None:
+        """Nothing to check before the first delivery."""
+
     async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
         """XADD once; never raises for connection or Redis errors."""
         started = time.perf_counter()

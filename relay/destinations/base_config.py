@@ -1,0 +1,124 @@
+"""What every destination table shares: filters, retry policy, timeout, and signing secrets.
+
+Filters (all must pass):
+
+- ``kinds``: globs on kind names (``"sms.*"``, ``"conversations.status"``); each must match a
+  known kind, to catch typos.
+- ``events``: globs on the Conversations ``event`` field, without letter case
+  (``"messagestatus::*"``). An event without a text ``event`` field is rejected.
+- ``channels``: globs on the Conversations ``channel`` field, without letter case. An event
+  without a text ``channel`` field is rejected.
+- ``sources``: source names, exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from fnmatch import fnmatchcase
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+)
+
+from receivers.kinds import KINDS_BY_NAME
+from relay.destinations.signing import secret_key
+from relay.durations import Duration
+
+
+def _one_or_many(value: object) -> object:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _whsec(value: list[SecretStr]) -> list[SecretStr]:
+    for secret in value:
+        secret_key(secret.get_secret_value())
+    return value
+
+
+Secrets = Annotated[list[SecretStr], BeforeValidator(_one_or_many), AfterValidator(_whsec)]
+"""``whsec_...`` signing secrets: one string or a list (several during a rotation)."""
+
+
+class DestinationBase(BaseModel):
+    """Filters, retry policy and timeout shared by every destination type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kinds: list[str] = Field(default_factory=lambda: ["*"])
+    events: list[str] | None = None
+    channels: list[str] | None = None
+    sources: list[str] | None = None
+    policy: str = Field(default="platform", min_length=1)
+    """``platform``: the kind's platform retry policy; otherwise a named policy."""
+    timeout: Duration = timedelta(seconds=5)
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError('kinds cannot be empty (omit it, or use ["*"], to relay every kind)')
+        names = list(KINDS_BY_NAME)
+        for pattern in value:
+            if not any(fnmatchcase(name, pattern) for name in names):
+                raise ValueError(
+                    f"kinds pattern {pattern!r} matches no kind (known: {', '.join(names)})"
+                )
+        return value
+
+    @field_validator("events", "channels", "sources")
+    @classmethod
+    def _not_empty(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not all(item.strip() for item in value)):
+            raise ValueError("cannot be empty or hold empty names (omit it to accept any)")
+        return value
+
+    @field_validator("events", "channels")
+    @classmethod
+    def _lower(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [item.lower() for item in value]
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("timeout must be more than zero")
+        return value
+
+    def target(self) -> str:
+        """Where this destination sends, for operators: addresses without credentials."""
+        raise NotImplementedError
+
+    @property
+    def timeout_seconds(self) -> float:
+        """``timeout`` in seconds, as ``Destination.deliver`` takes it."""
+        return self.timeout.total_seconds()
+
+    def wants(self, kind: str, source: str, payload: Mapping[str, Any]) -> bool:
+        """Whether an event passes every filter of this destination."""
+        if not any(fnmatchcase(kind, pattern) for pattern in self.kinds):
+            return False
+        if self.sources is not None and source not in self.sources:
+            return False
+        return _field_matches(payload, "event", self.events) and _field_matches(
+            payload, "channel", self.channels
+        )
+
+
+def _field_matches(payload: Mapping[str, Any], field: str, patterns: list[str] | None) -> bool:
+    if patterns is None:
+        return True
+    value = payload.get(field)
+    if not isinstance(value, str):
+        return False
+    value = value.lower()
+    return any(fnmatchcase(value, pattern) for pattern in patterns)

@@ -1,0 +1,91 @@
+"""Names built from each event: AMQP routing keys, NATS subjects, MQTT topics.
+
+A template is text with fields in braces, as in ``"callbacks.{kind}.{source}"``:
+
+- ``kind``: the event's kind, as ``sms.dlr``;
+- ``source``: the name of the source that received it;
+- ``event``: the platform's event name (a report's status, a Conversations event, a call's
+  status), lower-cased;
+- ``platform_id``: the platform's id of what the event is about (``requestId``,
+  ``messageId``, ``callId``);
+- ``id``: the relay's event id.
+
+Every value but ``kind`` is reduced to letters, digits, ``_`` and ``-`` (anything else becomes
+``_``) and cut to :data:`VALUE_LENGTH` characters, so a value from a callback can never add a
+separator, a wildcard or a control character to a name. An ``event`` or ``platform_id`` that
+is absent, or not short printable text (see :func:`receivers.dedup.platform_refs`), is
+``none``.
+"""
+
+from __future__ import annotations
+
+import re
+from string import Formatter
+
+from receivers.dedup import platform_refs
+from receivers.kinds import KINDS_BY_NAME
+from relay.destinations.outbound import Outbound
+
+FIELDS = ("kind", "source", "event", "platform_id", "id")
+VALUE_LENGTH = 64
+ABSENT = "none"
+UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+LONGEST_KIND = max(KINDS_BY_NAME, key=len)
+
+
+class NameTemplate:
+    """A parsed template; ``ValueError`` names what is wrong with a bad one."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.parts = _parse(text)
+
+    @property
+    def literal(self) -> str:
+        """The template's own text, without its fields."""
+        return "".join(literal for literal, _ in self.parts)
+
+    def render(self, outbound: Outbound) -> str:
+        """The name for one event."""
+        kind = KINDS_BY_NAME.get(outbound.kind)
+        platform_id, event = platform_refs(kind, outbound.payload) if kind else (None, None)
+        values = {
+            "kind": outbound.kind,
+            "source": safe_value(outbound.source),
+            "event": safe_value(event),
+            "platform_id": safe_value(platform_id),
+            "id": safe_value(outbound.event_id),
+        }
+        return "".join(literal + (values[field] if field else "") for literal, field in self.parts)
+
+    def longest(self) -> str:
+        """The template with every field at its longest (to check a broker's length limit)."""
+        longest = {field: "x" * VALUE_LENGTH for field in FIELDS} | {"kind": LONGEST_KIND}
+        return "".join(literal + (longest[field] if field else "") for literal, field in self.parts)
+
+
+def safe_value(value: str | None) -> str:
+    """``value`` as a template inserts it: safe characters only, at most ``VALUE_LENGTH``."""
+    if not value:
+        return ABSENT
+    return UNSAFE.sub("_", value[:VALUE_LENGTH])
+
+
+def _parse(text: str) -> list[tuple[str, str | None]]:
+    if not text:
+        raise ValueError("cannot be empty")
+    try:
+        parsed = list(Formatter().parse(text))
+    except ValueError as exc:
+        raise ValueError(
+            f"{text!r} is not a valid template ({exc}; write {{{{ for a brace)"
+        ) from None
+    parts: list[tuple[str, str | None]] = []
+    for literal, field, spec, conversion in parsed:
+        if field is not None and (field not in FIELDS or spec or conversion):
+            raise ValueError(
+                f"{{{field}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
+                f" is not a template field (known: {', '.join('{' + f + '}' for f in FIELDS)})"
+            )
+        parts.append((literal, field))
+    return parts
