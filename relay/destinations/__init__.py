@@ -1,4 +1,5 @@
-"""Destinations: where received events are relayed (HTTP, Redis streams, arq queues)."""
+"""Destinations: where received events are relayed (HTTP, Redis streams, arq queues, and the
+brokers RabbitMQ, NATS JetStream and MQTT, whose modules are imported only when configured)."""
 
 from relay.destinations.arq_queue import ArqDestination
 from relay.destinations.base import Destination

@@ -1,41 +1,41 @@
-"""Settings of ``[destinations.NAME]`` tables: where to relay, what, and how.
+"""Settings of ``[destinations.NAME]`` tables: one model per ``type``.
 
-Filters (all must pass):
-
-- ``kinds``: globs on kind names (``"sms.*"``, ``"conversations.status"``); each must match a
-  known kind, to catch typos.
-- ``events``: globs on the Conversations ``event`` field, without letter case
-  (``"messagestatus::*"``). An event without a text ``event`` field is rejected.
-- ``channels``: globs on the Conversations ``channel`` field, without letter case. An event
-  without a text ``channel`` field is rejected.
-- ``sources``: source names, exactly.
+What every type shares (filters, policy, timeout) is in :mod:`relay.destinations.base_config`;
+the message brokers' types are in :mod:`relay.destinations.broker_config`.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import timedelta
-from fnmatch import fnmatchcase
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
 from arq.connections import RedisSettings
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    TypeAdapter,
-    field_validator,
-)
+from pydantic import Field, TypeAdapter, field_validator
 from redis.asyncio.connection import parse_url
 
-from receivers.kinds import KINDS_BY_NAME
+from relay.destinations.base_config import DestinationBase, Secrets
+from relay.destinations.broker_config import (
+    AmqpDestinationConfig,
+    MqttDestinationConfig,
+    NatsDestinationConfig,
+)
+from relay.destinations.errors import without_credentials
 from relay.destinations.outbound import BodyFormat
-from relay.destinations.signing import secret_key
-from relay.durations import Duration
+
+__all__ = [
+    "AmqpDestinationConfig",
+    "ArqDestinationConfig",
+    "DestinationBase",
+    "DestinationConfig",
+    "HttpDestinationConfig",
+    "MqttDestinationConfig",
+    "NatsDestinationConfig",
+    "RedisStreamDestinationConfig",
+    "parse_destination_config",
+]
 
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 RESERVED_HEADERS = frozenset(
@@ -54,86 +54,18 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 REDIS_DB_PATH = re.compile(r"/?|/\d+")
 
 
-class DestinationBase(BaseModel):
-    """Filters, retry policy and timeout shared by every destination type."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kinds: list[str] = Field(default_factory=lambda: ["*"])
-    events: list[str] | None = None
-    channels: list[str] | None = None
-    sources: list[str] | None = None
-    policy: str = Field(default="platform", min_length=1)
-    """``platform``: the kind's platform retry policy; otherwise a named policy."""
-    timeout: Duration = timedelta(seconds=5)
-
-    @field_validator("kinds")
-    @classmethod
-    def _known_kinds(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError('kinds cannot be empty (omit it, or use ["*"], to relay every kind)')
-        names = list(KINDS_BY_NAME)
-        for pattern in value:
-            if not any(fnmatchcase(name, pattern) for name in names):
-                raise ValueError(
-                    f"kinds pattern {pattern!r} matches no kind (known: {', '.join(names)})"
-                )
-        return value
-
-    @field_validator("events", "channels", "sources")
-    @classmethod
-    def _not_empty(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and (not value or not all(item.strip() for item in value)):
-            raise ValueError("cannot be empty or hold empty names (omit it to accept any)")
-        return value
-
-    @field_validator("events", "channels")
-    @classmethod
-    def _lower(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else [item.lower() for item in value]
-
-    @field_validator("timeout")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("timeout must be more than zero")
-        return value
-
-    @property
-    def timeout_seconds(self) -> float:
-        """``timeout`` in seconds, as ``Destination.deliver`` takes it."""
-        return self.timeout.total_seconds()
-
-    def wants(self, kind: str, source: str, payload: Mapping[str, Any]) -> bool:
-        """Whether an event passes every filter of this destination."""
-        if not any(fnmatchcase(kind, pattern) for pattern in self.kinds):
-            return False
-        if self.sources is not None and source not in self.sources:
-            return False
-        return _field_matches(payload, "event", self.events) and _field_matches(
-            payload, "channel", self.channels
-        )
-
-
-def _field_matches(payload: Mapping[str, Any], field: str, patterns: list[str] | None) -> bool:
-    if patterns is None:
-        return True
-    value = payload.get(field)
-    if not isinstance(value, str):
-        return False
-    value = value.lower()
-    return any(fnmatchcase(value, pattern) for pattern in patterns)
-
-
 class HttpDestinationConfig(DestinationBase):
     """POST to a URL, signed the Standard Webhooks way when secrets are configured."""
 
     type: Literal["http"]
     url: str
     format: BodyFormat = "envelope"
-    secret: list[SecretStr] = Field(default_factory=list)
+    secret: Secrets = Field(default_factory=list)
     """``whsec_...`` secrets; with several, each request carries one signature per secret."""
     headers: dict[str, str] = Field(default_factory=dict)
+
+    def target(self) -> str:
+        return without_credentials(self.url)
 
     @field_validator("url")
     @classmethod
@@ -146,20 +78,6 @@ class HttpDestinationConfig(DestinationBase):
             raise ValueError(f"url must be an http:// or https:// URL (not {url.scheme}://)")
         if not url.host:
             raise ValueError("url must name a host")
-        return value
-
-    @field_validator("secret", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: object) -> object:
-        if value is None:
-            return []
-        return value if isinstance(value, list) else [value]
-
-    @field_validator("secret")
-    @classmethod
-    def _whsec(cls, value: list[SecretStr]) -> list[SecretStr]:
-        for secret in value:
-            secret_key(secret.get_secret_value())
         return value
 
     @field_validator("headers")
@@ -198,6 +116,9 @@ class RedisStreamDestinationConfig(DestinationBase):
     """Approximate cap on the stream's length (``MAXLEN ~``); None keeps everything."""
     format: BodyFormat = "envelope"
 
+    def target(self) -> str:
+        return f"{without_credentials(self.url)} stream {self.stream}"
+
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
@@ -217,6 +138,9 @@ class ArqDestinationConfig(DestinationBase):
     queue_name: str = Field(default="arq:queue", min_length=1)
     job_id_prefix: str = ""
 
+    def target(self) -> str:
+        return f"{without_credentials(self.url)} queue {self.queue_name}"
+
     @field_validator("url")
     @classmethod
     def _arq_url(cls, value: str) -> str:
@@ -229,7 +153,12 @@ class ArqDestinationConfig(DestinationBase):
 
 
 DestinationConfig = Annotated[
-    HttpDestinationConfig | RedisStreamDestinationConfig | ArqDestinationConfig,
+    HttpDestinationConfig
+    | RedisStreamDestinationConfig
+    | ArqDestinationConfig
+    | AmqpDestinationConfig
+    | NatsDestinationConfig
+    | MqttDestinationConfig,
     Field(discriminator="type"),
 ]
 """One ``[destinations.NAME]`` table; ``type`` chooses the model."""

@@ -1,0 +1,392 @@
+"""NATS JetStream destinations: publish each event to a subject a stream captures, and succeed
+only on the stream's acknowledgement.
+
+Every message goes through JetStream (a request answered by the stream's ``PubAck``); plain
+core NATS is never used, because a core publish is acknowledged by nobody: the relay could
+not know the message was kept. A server without JetStream stops the worker's start
+(:class:`DestinationRefused`); found later (a server restarted without ``-js``), it fails the
+attempt with the same explanation. A subject no stream captures is a failed attempt too (core
+NATS would drop the message in silence).
+
+``Nats-Msg-Id`` is the destination's name and the event id, so the stream's duplicate window
+(two minutes by default) drops the second copy of an event whose first publish was stored but
+whose ack was lost, and two destinations publishing into one stream both keep theirs; a
+``PubAck`` marked ``duplicate`` is a success: the stream has the message. The headers are
+those of :mod:`relay.destinations.message_headers`.
+
+One nats-py connection per destination, shared by concurrent deliveries, opened at ``start``
+or at the first delivery, and kept by nats-py itself: it retries a server that was down at
+the start, and reconnects to one that went away, every :data:`RECONNECT_WAIT_S` seconds for as
+long as it takes (no worker restart). While it is not connected an attempt fails at once with
+the reason: nats-py would keep a publish made while it reconnects in its pending buffer, to
+send it after the attempt's end, so that buffer is disabled. An attempt whose connection is
+lost while it waits for the ack fails then (the stream may have kept the message: its retry
+is dropped as a duplicate); one whose server does not answer fails at the attempt's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.errors import OutboundBufferLimitError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
+
+from relay.destinations.broker_config import NatsDestinationConfig
+from relay.destinations.errors import (
+    DestinationRefused,
+    describe_error,
+    storable,
+    timeout_error,
+    without_credentials,
+)
+from relay.destinations.message_headers import MessageHeaders
+from relay.destinations.outbound import Outbound, render
+from relay.destinations.outcome import Outcome
+from relay.destinations.templates import NameTemplate
+
+log = logging.getLogger(__name__)
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+RECONNECT_WAIT_S = 1
+"""Between two connection attempts to a server that is down (nats-py's own loop)."""
+CONNECT_TIMEOUT_S = 2
+"""One TCP connection and handshake; an attempt's own timeout bounds its wait anyway."""
+PING_INTERVAL_S = 15
+"""With nats-py's two outstanding pings, a server that went silent is noticed in 45 s."""
+CLOSE_TIMEOUT_S = 5.0
+"""How long closing the connection may wait to flush (a server that hangs)."""
+JETSTREAM_DISABLED_CODES = frozenset({10039, 10076})
+"""JetStream's "not enabled for account" and "not enabled" error codes."""
+JETSTREAM_DISABLED = (
+    "JetStream is not enabled on the NATS server (core NATS gives no acknowledgement, so the "
+    "relay could not know a message was kept): enable it with -js and create a stream "
+    "capturing the subjects"
+)
+NOT_CONNECTED = "not connected to the NATS server"
+CONNECTION_LOST = (
+    "connection lost before JetStream's ack (if the stream kept it, a retry is dropped)"
+)
+
+
+class NotDelivered(Exception):
+    """An attempt that cannot succeed now; its text is the attempt's error."""
+
+
+class NatsDestination:
+    """Publishes events to JetStream on a subject built per event."""
+
+    def __init__(self, name: str, config: NatsDestinationConfig) -> None:
+        self.name = name
+        self._url = config.url
+        self._where = without_credentials(config.url)
+        self._subject = NameTemplate(config.subject)
+        self._format = config.format
+        self._headers = MessageHeaders([s.get_secret_value() for s in config.secret])
+        self._start_timeout = config.timeout_seconds
+        self._lock = asyncio.Lock()
+        self._link: _Link | None = None
+
+    def subject_for(self, outbound: Outbound) -> str:
+        """The subject ``outbound`` is published to."""
+        return self._subject.render(outbound)
+
+    def headers_for(
+        self, outbound: Outbound, body: bytes, content_type: str | None
+    ) -> dict[str, str]:
+        """The message's headers: the relay's own plus ``Nats-Msg-Id``, the destination's name
+        and the event id (:func:`msg_id`)."""
+        headers = self._headers.for_message(outbound, body, content_type)
+        headers[MSG_ID_HEADER] = msg_id(self.name, outbound.event_id)
+        return headers
+
+    async def start(self) -> None:
+        """Connect and ask JetStream for the account's information, within the destination's
+        timeout. A server without JetStream raises :class:`DestinationRefused`; a server that
+        is down (or slow) is only logged, without credentials: nats-py keeps trying, and the
+        deliveries fail and wait under the policy meanwhile."""
+        try:
+            async with asyncio.timeout(self._start_timeout):
+                link = await self._ready()
+                await link.jetstream().account_info()
+        except ServiceUnavailableError as exc:
+            if not jetstream_disabled(exc):
+                problem = describe(exc)
+            else:
+                await self.aclose()
+                raise DestinationRefused(
+                    f"the NATS server at {self._where} has JetStream disabled: core NATS gives "
+                    "no acknowledgement, so the relay could not know a message was kept; "
+                    "enable JetStream (nats-server -js) and create a stream capturing the "
+                    "destination's subjects"
+                ) from None
+        except TimeoutError:
+            problem = timeout_error(self._start_timeout)
+        except NotDelivered:
+            return  # the connection's own error is logged already
+        except (NatsError, OSError) as exc:
+            problem = describe(exc)
+        else:
+            return
+        log.warning(
+            "destination %r: cannot use the NATS server at %s yet (%s); deliveries will try again",
+            self.name,
+            self._where,
+            problem,
+        )
+
+    async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
+        """Publish once through JetStream and wait for the stream's ack (for what is left of
+        ``timeout``); never raises for connection or server errors."""
+        started = time.perf_counter()
+        body, content_type = render(outbound, self._format)
+        headers = self.headers_for(outbound, body, content_type)
+        subject = self.subject_for(outbound)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                link = await self._ready()
+                await self._publish(link, subject, body, headers, deadline - loop.time())
+        except TimeoutError:  # nats-py's request timeout is one too
+            error = timeout_error(timeout)
+        except NotDelivered as exc:
+            error = str(exc)
+        except (NatsError, OSError) as exc:
+            error = describe(exc)
+        except asyncio.CancelledError:
+            # a library future cancelled under us (not this task): a failed attempt
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            error = "cancelled by the NATS client (connection closing?)"
+        else:
+            return Outcome(ok=True, duration_ms=_since(started))
+        return Outcome(ok=False, error=error, duration_ms=_since(started))
+
+    async def aclose(self) -> None:
+        """Close the connection (and stop nats-py's connection attempts)."""
+        async with self._lock:
+            link, self._link = self._link, None
+        if link is not None:
+            await link.close()
+
+    async def _ready(self) -> _Link:
+        """The connected link; :class:`NotDelivered` with the reason while it is not
+        connected. The first connection's first answer is waited for (the caller's timeout
+        bounds it); after that, a link that is not connected fails at once, nats-py retrying in
+        the background. A client nats-py closed for good (it does after an authorization
+        violation) is replaced by a new one."""
+        async with self._lock:
+            if self._link is None or self._link.dead:
+                if self._link is not None:
+                    await self._link.close()
+                self._link = _Link(self.name, self._url, self._where)
+            link = self._link
+        if not link.client.is_connected:
+            await link.answered.wait()
+        if not link.client.is_connected:
+            raise NotDelivered(link.problem or NOT_CONNECTED)
+        return link
+
+    async def _publish(
+        self,
+        link: _Link,
+        subject: str,
+        body: bytes,
+        headers: dict[str, str],
+        remaining: float,
+    ) -> None:
+        """One JetStream publish waiting ``remaining`` seconds for its ack, or until its
+        connection is lost (nats-py would let it wait for an answer that cannot come); what
+        failed is raised (:class:`NotDelivered` for what nats-py's errors say badly)."""
+        js = link.jetstream()
+        lost = link.lost
+        publishing = asyncio.ensure_future(
+            js.publish(subject, body, timeout=max(remaining, 0.001), headers=headers)
+        )
+        try:
+            await asyncio.wait((publishing, lost), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not publishing.done():
+                publishing.cancel()
+                await asyncio.gather(publishing, return_exceptions=True)
+        if publishing.cancelled():
+            raise NotDelivered(CONNECTION_LOST)
+        try:
+            publishing.result()
+        except NoStreamResponseError:
+            # no responder: no stream captures the subject, or no JetStream at all
+            raise NotDelivered(await self._no_stream_reason(js, subject)) from None
+        except OutboundBufferLimitError:
+            # nats-py refuses to buffer while it reconnects (pending_size=0)
+            raise NotDelivered(link.problem or NOT_CONNECTED) from None
+        except APIError as exc:
+            raise NotDelivered(jetstream_refusal(exc)) from None
+
+    async def _no_stream_reason(self, js: JetStreamContext, subject: str) -> str:
+        """Why a publish to ``subject`` had no responder: JetStream answers the account
+        information request only where it is enabled."""
+        try:
+            await js.account_info()
+        except ServiceUnavailableError as exc:
+            if jetstream_disabled(exc):
+                return JETSTREAM_DISABLED
+        except NatsError:
+            pass  # the account request failed too: the publish's own answer stands
+        return f"no JetStream stream captures subject {subject!r}"
+
+
+def msg_id(destination: str, event_id: str) -> str:
+    """``Nats-Msg-Id`` of an event's message: the same on every attempt (a retry is dropped
+    within the stream's duplicate window), different for each destination, so that two
+    destinations publishing into one stream both keep their message."""
+    return f"{destination}:{event_id}"
+
+
+def credentials(url: str) -> tuple[str, str | None, str | None]:
+    """``url`` without its user and password, and those percent-decoded: nats-py would send
+    them as written in the URL, so a password holding ``@`` or ``/`` could not be given."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, None, None
+    host = parts.netloc.rpartition("@")[2]
+    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    password = None if parts.password is None else unquote(parts.password)
+    return bare, unquote(parts.username), password
+
+
+class _Link:
+    """One nats-py client and the task making its first connection (nats-py's loop retries
+    until it succeeds). Its callbacks log through :func:`describe` (nats-py's default
+    error callback would log each error with its traceback)."""
+
+    def __init__(self, destination: str, url: str, where: str) -> None:
+        self.client = Client()
+        self.problem: str | None = None
+        """The latest error nats-py reported: an attempt's error while not connected."""
+        self.answered = asyncio.Event()
+        """Set once the first connection attempt succeeded or failed."""
+        self.failed = False
+        self._destination = destination
+        self._where = where
+        self._logged: str | None = None
+        self._closing = False
+        self._js: JetStreamContext | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Resolved when the current connection is lost (a new one for each connection)."""
+        self._task = asyncio.create_task(self._connect(url), name=f"nats-connect-{destination}")
+
+    @property
+    def dead(self) -> bool:
+        """Whether this client will never connect again (a new one is needed)."""
+        return self.failed or self.client.is_closed
+
+    def jetstream(self) -> JetStreamContext:
+        if self._js is None:
+            self._js = self.client.jetstream()
+        return self._js
+
+    async def close(self) -> None:
+        self._closing = True
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.client.close()
+
+    async def _connect(self, url: str) -> None:
+        server, user, password = credentials(url)
+        try:
+            await self.client.connect(
+                server,
+                user=user,
+                password=password,
+                name=f"callback-relay:{self._destination}",
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,  # forever: the relay's policy decides what waits
+                reconnect_time_wait=RECONNECT_WAIT_S,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                ping_interval=PING_INTERVAL_S,
+                pending_size=0,  # publishing while reconnecting fails at once, queues nothing
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a setting nats-py refuses: this client is done for
+            self.failed = True
+            self.problem = describe(exc)
+            log.warning(
+                "destination %r: cannot connect to %s: %s",
+                self._destination,
+                self._where,
+                self.problem,
+            )
+        else:
+            self._connected()
+        finally:
+            self.answered.set()
+
+    async def _on_error(self, exc: Exception) -> None:
+        problem = describe(exc)
+        self.problem = problem  # reported only while not connected
+        if not self.client.is_connected:
+            self.answered.set()
+        if problem != self._logged and not self._closing:
+            self._logged = problem
+            log.warning("destination %r: NATS at %s: %s", self._destination, self._where, problem)
+
+    async def _on_disconnected(self) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self.problem = "connection lost"  # until a reconnection attempt tells more
+        if not self._closing:
+            log.warning(
+                "destination %r: disconnected from NATS at %s; reconnecting",
+                self._destination,
+                self._where,
+            )
+
+    async def _on_reconnected(self) -> None:
+        self._connected()
+
+    def _connected(self) -> None:
+        if self.lost.done():
+            self.lost = asyncio.get_running_loop().create_future()
+        self.problem = None
+        if self._logged is not None:
+            log.info("destination %r: connected to NATS at %s", self._destination, self._where)
+        self._logged = None
+
+
+def describe(exc: BaseException) -> str:
+    """:func:`describe_error`, without the class name where nats-py's text names the problem
+    (``nats: 'Authorization Violation'``, ``nats: unexpected EOF``)."""
+    text = describe_error(exc)
+    name = f"{type(exc).__name__}: "
+    return text.removeprefix(name) if text.startswith(f"{name}nats: ") else text
+
+
+def jetstream_disabled(exc: ServiceUnavailableError) -> bool:
+    """Whether a 503 to a JetStream API request means JetStream is off: nobody answered (the
+    server has no JetStream), or the server said it is not enabled (for the account)."""
+    return exc.code is None or exc.err_code in JETSTREAM_DISABLED_CODES
+
+
+def jetstream_refusal(exc: APIError) -> str:
+    """JetStream's refusal of a message (a sealed stream, a size or count limit), in its own
+    words."""
+    code = f" (error {exc.err_code})" if exc.err_code else ""
+    return storable(f"JetStream refused the message: {exc.description or exc.code}{code}")
+
+
+def _since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
