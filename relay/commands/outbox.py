@@ -149,15 +149,20 @@ def destinations_list(as_json: bool, config_file: str | None) -> None:
     rows = run(
         with_engine(settings, lambda e: inspect.list_destinations(e, list(settings.destinations)))
     )
+    for row in rows:
+        config = settings.destinations.get(row["name"])
+        row["type"] = config.type if config else None
+        row["target"] = config.target() if config else None
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'NAME':<16}  FAILURES  {'PAUSED UNTIL':<32}  DISABLED")
+    click.echo(f"{'NAME':<16}  {'TYPE':<12}  FAILURES  {'PAUSED UNTIL':<32}  DISABLED  TARGET")
     for row in rows:
         click.echo(
-            f"{row['name']:<16}  {row['consecutive_failures']:>8}  "
+            f"{row['name']:<16}  {row['type'] or '-':<12}  {row['consecutive_failures']:>8}  "
             f"{row['paused_until'] or '-':<32}  "
-            f"{row['disabled_reason'] or 'yes' if row['disabled'] else 'no'}"
+            f"{row['disabled_reason'] or 'yes' if row['disabled'] else 'no':<8}  "
+            f"{row['target'] or '(not configured)'}"
         )
 
 

@@ -57,6 +57,7 @@ def mount_console(
         enqueue,
         sources=list(settings.sources) or [DEFAULT_SOURCE],
         destinations=list(settings.destinations),
+        targets={name: f"{d.type}: {d.target()}" for name, d in settings.destinations.items()},
         clock=clock,
         secure_cookie=settings.console.secure_cookie,
     )

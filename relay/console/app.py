@@ -52,6 +52,7 @@ def console_app(
     destinations: list[str],
     clock: Callable[[], datetime],
     secure_cookie: bool = False,
+    targets: Mapping[str, str] | None = None,
 ) -> Starlette:
     """The console over this store; ``enqueue`` hands what an action made due to the relay."""
     console = Console(
@@ -61,6 +62,7 @@ def console_app(
         clock=clock,
         sources=sources,
         destinations=destinations,
+        targets=dict(targets or {}),
         secure_cookie=secure_cookie,
         throttle=LoginThrottle(clock),
         templates=templates(),

@@ -126,6 +126,7 @@ async def destinations(console: Console, request: Request, operator: Operator) -
         rows.append(
             {
                 "name": name,
+                "target": console.targets.get(name),
                 "breaker": BREAKER_NAMES[breaker_state(health, now)],
                 "state": state,
                 "counts": counts[name],

@@ -58,6 +58,8 @@ class Console:
     clock: Callable[[], datetime]
     sources: list[str]
     destinations: list[str]
+    targets: dict[str, str]
+    """Each destination's type and target (addresses without credentials)."""
     secure_cookie: bool
     throttle: LoginThrottle
     templates: Environment
