@@ -42,9 +42,18 @@ The exit status is 1 when events were lost or not acknowledged, 2 when the run i
 process did not start, ``--timeout`` expired). Every subprocess is stopped, the Redis database
 flushed and the temp directory removed on every path.
 
+With ``--destination amqp|nats|mqtt`` the destination is the machine's RabbitMQ (a vhost of the
+run's own), NATS JetStream (a stream of the run's own) or Mosquitto (a topic of the run's own),
+and the sink is the broker's own consumer in a process of its own (``broker_consume.py``). The
+baseline (a) is then the broker's own client publishing the same messages, ``--concurrency``
+awaiting their confirmation at once, with the destination's confirmation mode (publisher
+confirms, JetStream acks, QoS 1 PUBACKs); its deliveries/s count until the consumer's last
+arrival, and it has no lag figure. See ``broker_bench.py``.
+
 Run it with the project's interpreter (needs the project installed and Redis on 127.0.0.1:6379)::
 
     python scripts/bench_relay.py [--json] [--events 5000] [--concurrency 50]
+        [--destination http|amqp|nats|mqtt]
 """
 
 from __future__ import annotations
@@ -98,8 +107,10 @@ from benchlib import (
     uvicorn_argv,
     wait_ready,
 )
+from broker_bench import BROKERS, BrokerSink, toml_table
 
 from relay.destinations.http import USER_AGENT, new_http_client
+from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
 from relay.jobs import QUEUE_NAME
 from relay.services import HTTP_LIMITS
@@ -223,6 +234,11 @@ class Report:
         return (self.baseline.dps + self.baseline_after.dps) / 2
 
     @property
+    def baseline_label(self) -> str:
+        destination = self.args.destination
+        return "httpx -> sink" if destination == "http" else f"{destination} client -> consumer"
+
+    @property
     def ratio(self) -> float:
         return self.relayed.dps / self.baseline_dps if self.baseline_dps else 0.0
 
@@ -253,26 +269,31 @@ class Report:
             "relay_only_dps": round(r.relay_only_dps, 1),
             "lag_missing": r.lag_missing,
             "baseline_errors": b.requests - b.ok,
-            "baseline_lag_p50_ms": round(b.lag_p50_ms, 2),
-            "baseline_lag_p99_ms": round(b.lag_p99_ms, 2),
+            "baseline_lag_p50_ms": None if math.isnan(b.lag_p50_ms) else round(b.lag_p50_ms, 2),
+            "baseline_lag_p99_ms": None if math.isnan(b.lag_p99_ms) else round(b.lag_p99_ms, 2),
             "baseline_client_cpu": round(b.client_cpu, 2),
-            "cpu": {name: round(share, 2) for name, share in r.cpu.items()},
+            "cpu": {name: round(s, 2) for name, s in r.cpu.items() if not math.isnan(s)},
             "deliveries": r.deliveries,
+            "destination": self.args.destination,
             "concurrency": self.args.concurrency,
             "ingest_concurrency": self.args.ingest_concurrency,
         }
 
     def as_text(self) -> str:
         b, r = self.baseline, self.relayed
-        cpu = ", ".join(f"{name} {share:.0%}" for name, share in r.cpu.items())
+        cpu = ", ".join(
+            f"{name} {share:.0%}" for name, share in r.cpu.items() if not math.isnan(share)
+        )
         statuses = ", ".join(f"{status} {n}" for status, n in sorted(r.deliveries.items()))
         return "\n".join(
             [
-                f"relay benchmark: {r.events} events, worker_concurrency {self.args.concurrency}, "
+                f"relay benchmark ({self.args.destination}): {r.events} events, "
+                f"worker_concurrency {self.args.concurrency}, "
                 f"{self.args.ingest_concurrency} ingest connections",
                 f"{'target':<24} {'deliveries/s':>12} {'lag p50 ms':>11} {'lag p99 ms':>11}",
-                f"{'a) httpx -> sink':<24} {self.baseline_dps:>12.1f} {b.lag_p50_ms:>11.1f} "
-                f"{b.lag_p99_ms:>11.1f}   (mean of {b.dps:.0f} before and "
+                f"{'a) ' + self.baseline_label:<24} {self.baseline_dps:>12.1f} "
+                f"{ms(b.lag_p50_ms):>11} "
+                f"{ms(b.lag_p99_ms):>11}   (mean of {b.dps:.0f} before and "
                 f"{self.baseline_after.dps:.0f} after b); lag: send -> arrival; client cpu "
                 f"{b.client_cpu:.0%})",
                 f"{'b) serve+worker -> sink':<24} {r.dps:>12.1f} {r.lag_p50_ms:>11.1f} "
@@ -288,6 +309,11 @@ class Report:
                 f"baseline errors {b.requests - b.ok})",
             ]
         )
+
+
+def ms(value: float) -> str:
+    """A latency for the text report ("-" when there is none, as for a broker's baseline)."""
+    return "-" if math.isnan(value) else f"{value:.1f}"
 
 
 # --- the sink ------------------------------------------------------------------------------------
@@ -329,6 +355,8 @@ class Envelope:
     id: str
     body: bytes
     headers: dict[str, str]
+    message_headers: dict[str, str]
+    """The headers of a broker destination's message (no signing secret)."""
 
 
 def build_envelopes(events: Sequence[Event]) -> list[Envelope]:
@@ -354,7 +382,9 @@ def build_envelopes(events: Sequence[Event]) -> list[Envelope]:
             "webhook-id": event_id,
             "webhook-timestamp": timestamp,
         }
-        envelopes.append(Envelope(event_id, envelope_bytes(outbound), headers))
+        body = envelope_bytes(outbound)
+        message_headers = MessageHeaders([]).for_message(outbound, body, JSON_CONTENT_TYPE)
+        envelopes.append(Envelope(event_id, body, headers, message_headers))
     return envelopes
 
 
@@ -405,6 +435,24 @@ async def run_baseline(sink: Sink, envelopes: Sequence[Envelope], concurrency: i
     )
 
 
+async def run_broker_baseline(
+    sink: BrokerSink, envelopes: Sequence[Envelope], concurrency: int, deadline: float
+) -> Baseline:
+    """The broker's own client publishes every envelope; its consumer reads them back."""
+    messages = [(e.id, e.body, e.message_headers) for e in envelopes]
+    run = await sink.publish(messages, concurrency, deadline)
+    arrivals = Arrivals.from_records([(i, t, None) for i, t in run.received])
+    return Baseline(
+        requests=run.sent,
+        ok=run.confirmed,
+        started=run.started,
+        last_arrival=max(arrivals.first.values(), default=run.started),
+        lag_p50_ms=math.nan,
+        lag_p99_ms=math.nan,
+        client_cpu=run.client_cpu,
+    )
+
+
 # --- b) the relay --------------------------------------------------------------------------------
 
 
@@ -420,7 +468,13 @@ def flush_redis(url: str) -> None:
         client.close()
 
 
-def write_config(workdir: Path, token: str, args: argparse.Namespace, sink_url: str) -> Path:
+def http_table(sink_url: str) -> str:
+    """The ``[destinations.sink]`` table of the HTTP sink."""
+    return toml_table("destinations.sink", {"type": "http", "url": sink_url, "format": "envelope"})
+
+
+def write_config(workdir: Path, token: str, args: argparse.Namespace, destination: str) -> Path:
+    """The relay's settings, with ``destination`` (a ``[destinations.sink]`` table)."""
     config = workdir / "relay.toml"
     config.write_text(
         f'database_url = "sqlite:///{workdir / "relay.db"}"\n'
@@ -429,11 +483,7 @@ def write_config(workdir: Path, token: str, args: argparse.Namespace, sink_url: 
         f'sweep_interval = "{args.sweep_interval}"\n'
         "\n"
         f'[sources.{SOURCE}]\ntoken = "{token}"\n'
-        "\n"
-        "[destinations.sink]\n"
-        'type = "http"\n'
-        f'url = "{sink_url}"\n'
-        'format = "envelope"\n',
+        "\n" + destination,
         encoding="utf-8",
     )
     return config
@@ -487,14 +537,15 @@ async def run_relay(
     args: argparse.Namespace,
     workdir: Path,
     events: Sequence[Event],
-    sink: Sink,
+    sink: Sink | BrokerSink,
     servers: list[Server],
     deadline: float,
 ) -> Relayed:
     """Start `relay serve` and one `relay worker`, push the events in, wait for them at the
     sink. The processes are added to ``servers``; the caller stops them."""
     token = secrets.token_urlsafe(24)
-    config = write_config(workdir, token, args, sink.url)
+    table = sink.table() if isinstance(sink, BrokerSink) else http_table(sink.url)
+    config = write_config(workdir, token, args, table)
     port = free_port()
     argv = profiled(relay_argv(port, config), args.profile, "serve")
     serve = start_server("serve", argv, port, workdir, relay_env())
@@ -506,11 +557,14 @@ async def run_relay(
     await wait_worker(worker, redis_url(args.redis_db))
 
     async with control_client() as control:
-        await sink.reset(control)
+        if isinstance(sink, BrokerSink):
+            await sink.reset(len(events))
+        else:
+            await sink.reset(control)
         requests = encode_requests(events, port, token, user_agent="bench-relay")
         connections = await open_connections(port, args.ingest_concurrency)
         processes = {"serve": serve.process.pid, "worker": worker.process.pid}
-        processes["sink"] = sink.server.process.pid
+        processes["sink"] = sink.pid if isinstance(sink, BrokerSink) else sink.server.process.pid
         cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
         bench_cpu_before = time.process_time()
         started = time.time()
@@ -524,7 +578,10 @@ async def run_relay(
         # Bounded wait: until the sink has seen as many distinct ids as were acked.
         limit = min(time.monotonic() + args.drain_timeout, deadline - RECORDS_MARGIN_SECONDS)
         while time.monotonic() < limit:
-            if await sink.distinct(control) >= len(acked):
+            if isinstance(sink, BrokerSink):
+                if sink.done():
+                    break
+            elif await sink.distinct(control) >= len(acked):
                 break
             if worker.process.poll() is not None:
                 print(f"warning: the worker exited:\n{worker.log_tail()}", file=sys.stderr)
@@ -533,7 +590,10 @@ async def run_relay(
         ended = time.time()
         cpu_after = {name: cpu_seconds(pid) for name, pid in processes.items()}
         bench_cpu = time.process_time() - bench_cpu_before
-        arrivals = await sink.arrivals(control)
+        if isinstance(sink, BrokerSink):
+            arrivals = Arrivals.from_records(sink.records())
+        else:
+            arrivals = await sink.arrivals(control)
     # Untimed: let the worker record its last attempts, so that the statuses in SQL are final.
     await settle(workdir / "relay.db", min(time.monotonic() + SETTLE_SECONDS, limit))
     cpu = {name: (cpu_after[name] - cpu_before[name]) / (ended - started) for name in processes}
@@ -614,18 +674,14 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
     envelopes = build_envelopes(events)
     url = redis_url(args.redis_db)
     servers: list[Server] = []
+    sink: Sink | BrokerSink | None = None
     with sigterm_interrupts():
         try:
             try:
                 flush_redis(url)
             except redis.RedisError as exc:
                 raise BenchError(f"Redis at {url} is not usable: {exc}") from None
-            sink_port = free_port()
-            sink_server = start_server(
-                "sink", uvicorn_argv("sink_app:app", sink_port), sink_port, workdir, relay_env()
-            )
-            servers.append(sink_server)
-            sink = Sink(sink_server)
+            sink = open_sink(args.destination, workdir, servers)
             baseline = measure_baseline(sink, envelopes, args.concurrency, deadline)
             # b) the load generator on uvloop (when installed), as bench_ingest drives it
             with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -637,15 +693,33 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
             stop_all(servers, interrupt=args.profile is not None)
             with contextlib.suppress(redis.RedisError):
                 flush_redis(url)
+            if isinstance(sink, BrokerSink):
+                asyncio.run(sink.close())
     relayed.deliveries = delivery_counts(workdir / "relay.db")
     return Report(args, baseline, relayed, baseline_after)
 
 
+def open_sink(destination: str, workdir: Path, servers: list[Server]) -> Sink | BrokerSink:
+    """The HTTP sink (a subprocess added to ``servers``) or a broker's consumer."""
+    if destination in BROKERS:
+        return BrokerSink(destination, workdir, workdir / "relay.db")
+    sink_port = free_port()
+    sink_server = start_server(
+        "sink", uvicorn_argv("sink_app:app", sink_port), sink_port, workdir, relay_env()
+    )
+    servers.append(sink_server)
+    return Sink(sink_server)
+
+
 def measure_baseline(
-    sink: Sink, envelopes: Sequence[Envelope], concurrency: int, deadline: float
+    sink: Sink | BrokerSink, envelopes: Sequence[Envelope], concurrency: int, deadline: float
 ) -> Baseline:
     """(a), on asyncio's default loop, as `relay worker` runs (it does not use uvloop)."""
     with asyncio.Runner() as runner:
+        if isinstance(sink, BrokerSink):
+            return runner.run(
+                bounded(run_broker_baseline(sink, envelopes, concurrency, deadline), deadline)
+            )
         return runner.run(bounded(run_baseline(sink, envelopes, concurrency), deadline))
 
 
@@ -683,6 +757,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="DIR",
         help="run serve and worker under cProfile, writing DIR/serve.prof and DIR/worker.prof "
         "(slows them down: for finding hot spots, not for figures)",
+    )
+    parser.add_argument(
+        "--destination",
+        choices=("http", *BROKERS),
+        default="http",
+        help="http: the HTTP sink; amqp, nats, mqtt: the machine's broker, read back by its own "
+        "consumer (default: http)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)

@@ -63,10 +63,20 @@ and, unless ``--ingest-seconds`` / ``--time-scale`` are given, sends the callbac
 throughput run of the same deployment, with the same reconciliation. The report also gives the
 cores each role kept busy (``cpu_cores``; ``rest`` is PostgreSQL, Redis and anything else).
 
+``--destination amqp|nats|mqtt`` runs the same plan against a message broker instead of the
+HTTP sink (``broker_bench.BrokerOutage``): a private ``nats-server -js`` or Mosquitto on a free
+port, or a vhost of the run's own on the machine's RabbitMQ. The sink's two faults become two
+broker outages of ``--fault-seconds`` each (the server stopped and started again on the same
+port and store; for RabbitMQ, the vhost's permissions cleared and its connections closed, then
+restored). The broker's own consumer reads from before the traffic until it has every distinct
+callback; its arrivals are reconciled like the sink's, a duplicate across an outage being
+explained as such (NATS drops a retried publish within its duplicate window).
+
 Run it with the project's interpreter (PostgreSQL and Redis on 127.0.0.1)::
 
     python scripts/chaos.py [--events 20000] [--json] [--timeout 900] [--flush all|db]
     python scripts/chaos.py --no-faults --servers 1 --workers 1 --events 5000
+    python scripts/chaos.py --destination nats --events 5000
 """
 
 from __future__ import annotations
@@ -122,6 +132,7 @@ from benchlib import (
     wait_ready,
     wait_redis_key,
 )
+from broker_bench import BROKERS, BrokerOutage, toml_table
 
 from receivers.dedup import dedup_key
 from receivers.kinds import kind_for
@@ -147,6 +158,12 @@ DEFAULT_INGEST_SECONDS = 40.0
 DEFAULT_TIME_SCALE = 0.1
 # --no-faults: a retry (e.g. numinfo answered after its 2 s budget) waits 1 min * 0.001 = 60 ms.
 NO_FAULTS_TIME_SCALE = 0.001
+BROKER_IN_FLIGHT_SECONDS = 5.0
+"""A broker's consumer sees a message some time after it was published (a moment, or seconds
+when the broker hands over its backlog after an outage): a duplicate whose first copy reached
+the consumer this soon after a kill or an outage is still explained by it. The HTTP sink
+records a POST when it arrives: no slack there."""
+BROKER_IDLE_SECONDS = 60.0  # a broker's consumer stops after this long without a new message
 REPORT_MARGIN_SECONDS = 20.0  # kept from --timeout for the reconciliation and the clean-up
 LOG_PATTERNS = {
     "tracebacks": re.compile(r"^Traceback"),
@@ -163,8 +180,9 @@ LOG_PATTERNS = {
 
 
 def write_config(
-    workdir: Path, database_url: str, redis_url: str, token: str, sink_url: str, concurrency: int
+    workdir: Path, database_url: str, redis_url: str, token: str, destination: str, concurrency: int
 ) -> Path:
+    """The run's settings; ``destination`` is the ``[destinations.sink]`` table."""
     config = workdir / "relay.toml"
     config.write_text(
         f'database_url = "{database_url}"\n'
@@ -174,14 +192,7 @@ def write_config(
         f"worker_concurrency = {concurrency}\n"
         "\n"
         f'[sources.{SOURCE}]\ntoken = "{token}"\n'
-        "\n"
-        f"[destinations.{DESTINATION}]\n"
-        'type = "http"\n'
-        f'url = "{sink_url}"\n'
-        'format = "envelope"\n'
-        f'timeout = "{DESTINATION_TIMEOUT_S:g}s"\n'
-        'policy = "chaos"\n'
-        "\n"
+        "\n" + destination + "\n"
         "[policies.chaos]\n"
         'type = "delays"\n'
         'delays = ["1s", "2s"]\n'
@@ -307,6 +318,16 @@ class Deployment:
                         if len(kept) < 3:
                             kept.append(f"{server.name}: {line.strip()[:300]}")
         return {"counts": dict(counts), "samples": samples}
+
+
+def destination_settings() -> dict[str, str]:
+    """The timeout and policy of the run's one destination, whatever its type."""
+    return {"timeout": f"{DESTINATION_TIMEOUT_S:g}s", "policy": "chaos"}
+
+
+def http_table(sink_url: str) -> str:
+    table = {"type": "http", "url": sink_url, "format": "envelope", **destination_settings()}
+    return toml_table(f"destinations.{DESTINATION}", table)
 
 
 # --- the sink ------------------------------------------------------------------------------------
@@ -449,7 +470,7 @@ async def play(
 
 async def inject_faults(
     deployment: Deployment,
-    sink: SinkControl,
+    sink: SinkControl | BrokerOutage,
     traffic: Traffic,
     args: argparse.Namespace,
 ) -> None:
@@ -460,6 +481,9 @@ async def inject_faults(
             await asyncio.sleep(POLL_INTERVAL_SECONDS)
 
     async def sink_fault(mode: str, delay: float, what: str) -> None:
+        if isinstance(sink, BrokerOutage):
+            await broker_outage(sink)
+            return
         await sink.mode(mode, delay)
         deployment.note(f"sink {what}", f"for {args.fault_seconds:g} s")
         try:
@@ -467,6 +491,15 @@ async def inject_faults(
         finally:
             await sink.mode("ok")
         deployment.note("sink recovers", "answers 200 at once again")
+
+    async def broker_outage(broker: BrokerOutage) -> None:
+        how = await asyncio.to_thread(broker.down)
+        deployment.note(f"broker down: {broker.what}", f"{how}, for {args.fault_seconds:g} s")
+        try:
+            await asyncio.sleep(args.fault_seconds)
+        finally:
+            how = await asyncio.to_thread(broker.up)
+        deployment.note(f"broker back: {broker.what}", how)
 
     async def kill_worker(role: str) -> None:
         server = deployment.current[role]
@@ -637,10 +670,17 @@ class Reconciliation:
 
     @classmethod
     def compute(
-        cls, store: Store, answers: Sequence[Sequence[Any]], faults: Sequence[Fault]
+        cls,
+        store: Store,
+        answers: Sequence[Sequence[Any]],
+        faults: Sequence[Fault],
+        slack: float = 0.0,
     ) -> Reconciliation:
+        """``slack``: how long after a kill or an outage the first copy of a duplicate may
+        have arrived and still be explained by it."""
         kills = [fault.at for fault in faults if fault.name.startswith("SIGKILL")]
         flushes = [fault.at for fault in faults if fault.name.startswith("Redis")]
+        outages = [fault.at for fault in faults if fault.name.startswith("broker back")]
         in_time: dict[str, float] = {}  # first 2xx answered in time
         successes: dict[str, list[tuple[float, str]]] = {}  # every 2xx: (arrival, mode)
         sink_requests: Counter[str] = Counter()
@@ -660,10 +700,12 @@ class Reconciliation:
             for (before, mode), (after, _) in pairwise(arrivals):
                 if mode == "slow":
                     reasons["after a time-out"] += 1
-                elif any(before <= kill <= after for kill in kills):
+                elif any(before - slack <= kill <= after for kill in kills):
                     reasons["across a worker kill"] += 1
                 elif any(before <= flush <= after for flush in flushes):
                     reasons["across the Redis flush"] += 1
+                elif any(before - slack <= back <= after for back in outages):
+                    reasons["across a broker outage"] += 1
                 else:
                     reasons["unexplained"] += 1
                     if len(unexplained) < 10:
@@ -747,6 +789,7 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         r, t = self.result, self.traffic
         return {
+            "destination": self.args.destination,
             "accepted": r.accepted,
             "delivered": r.delivered,
             "lost": r.lost,
@@ -877,15 +920,21 @@ async def run_async(
     finally:
         await flush_client.aclose()
 
-    sink_port = free_port()
-    deployment.ports["sink"] = sink_port
-    deployment.argv["sink"] = uvicorn_argv("sink_app:app", sink_port)
-    await deployment.start_ready("sink")
-    sink = SinkControl(sink_port)
+    sink: SinkControl | BrokerOutage
+    if args.destination in BROKERS:
+        sink = await asyncio.to_thread(BrokerOutage, args.destination, workdir, free_port())
+        table = sink.table(f"destinations.{DESTINATION}", **destination_settings())
+    else:
+        sink_port = free_port()
+        deployment.ports["sink"] = sink_port
+        deployment.argv["sink"] = uvicorn_argv("sink_app:app", sink_port)
+        await deployment.start_ready("sink")
+        sink = SinkControl(sink_port)
+        table = http_table(sink.url)
     try:
         token = secrets.token_urlsafe(24)
         config = write_config(
-            workdir, database_url, args.redis_url, token, sink.url, args.worker_concurrency
+            workdir, database_url, args.redis_url, token, table, args.worker_concurrency
         )
         upgrade = await asyncio.to_thread(
             subprocess.run,
@@ -911,6 +960,9 @@ async def run_async(
 
         units = plan_callbacks(args.events, args.seed)
         traffic = Traffic(callbacks=sum(map(len, units)), distinct=distinct_callbacks(units))
+        if isinstance(sink, BrokerOutage):
+            idle = max(BROKER_IDLE_SECONDS, 3 * args.fault_seconds)
+            await sink.start_consumer(traffic.distinct, idle)
         ports = [deployment.ports[role] for role in serves]
         print(
             f"t=   0.00s  traffic starts: {traffic.callbacks} callbacks "
@@ -942,10 +994,14 @@ async def run_async(
         )
         deployment.note("settled" if settled else "deadline: deliveries still open")
         store = await Store.read(dsn)
-        answers = await sink.answers()
+        if isinstance(sink, BrokerOutage):
+            answers = await sink.answers(deadline - REPORT_MARGIN_SECONDS / 2)
+        else:
+            answers = await sink.answers()
     finally:
         await sink.aclose()
-    result = Reconciliation.compute(store, answers, deployment.faults)
+    slack = BROKER_IN_FLIGHT_SECONDS if isinstance(sink, BrokerOutage) else 0.0
+    result = Reconciliation.compute(store, answers, deployment.faults, slack)
     return Report(
         args,
         traffic,
@@ -1085,6 +1141,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--keep-logs", type=Path, default=None, metavar="DIR", help="copy the process logs here"
+    )
+    parser.add_argument(
+        "--destination",
+        choices=("http", *BROKERS),
+        default="http",
+        help="http: the recording sink; amqp, nats, mqtt: a broker of the run's own, taken down "
+        "twice (default: http)",
     )
     args = parser.parse_args(argv)
     if args.time_scale is None:
