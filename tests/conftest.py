@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -26,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers import ReceiverConfig, SourceConfig, create_app
 from receivers.store.engine import create_engine
 from relay import migrate
-from tests.support import Sink, serving
+from tests.support import Sink, free_port, serving, stop_process
 
 REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -180,18 +179,12 @@ async def redis() -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _start_private_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``redis-server`` on a free loopback port, answering PING; a few ports are tried (another
     process may take the probed one before the server binds it)."""
     problems = []
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         log = workdir / f"redis-{port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -223,23 +216,13 @@ def _start_private_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[b
         finally:
             client.close()
         state = "exited" if process.poll() is not None else "no PING answer"
-        _stop(process)
+        stop_process(process)
         tail = log.read_text(errors="replace")[-1000:]
         problems.append(f"attempt {attempt + 1}, port {port}: {state}\n{tail}")
     raise RuntimeError(
         f"redis-server did not answer PING within {PRIVATE_REDIS_START_TIMEOUT_S} s:\n"
         + "\n".join(problems)
     )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture
@@ -255,4 +238,4 @@ def private_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     try:
         yield url
     finally:
-        _stop(process)
+        stop_process(process)

@@ -61,6 +61,7 @@ async def console_client(
     *,
     users: dict[str, str] | None = None,
     key: str = KEY,
+    targets: dict[str, str] | None = None,
 ) -> AsyncIterator[ConsoleClient]:
     """A console over ``engine`` mounted at /console, talked to in-process."""
     enqueued: list[Due] = []
@@ -80,6 +81,7 @@ async def console_client(
                     sources=["default"],
                     destinations=destinations,
                     clock=clock,
+                    targets=targets,
                 ),
             )
         ]

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
@@ -20,6 +24,40 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_process(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM a server the test started and wait for it; SIGKILL after ``grace`` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def pause_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGSTOP a server the test started and return once every one of its threads has stopped.
+
+    The signal is asynchronous: a thread busy on another core may still answer a request sent
+    right after ``send_signal`` returns, unless the test waits for the ``T`` state in /proc.
+    """
+    process.send_signal(signal.SIGSTOP)
+    tasks = Path(f"/proc/{process.pid}/task")
+    deadline = time.monotonic() + timeout
+    while not all(_stopped(task) for task in tasks.iterdir()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {process.pid} did not stop within {timeout}s")
+        time.sleep(0.005)
+
+
+def _stopped(task: Path) -> bool:
+    try:
+        stat = (task / "stat").read_text()
+    except FileNotFoundError:  # the thread has exited
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in {"T", "t"}
 
 
 @dataclass

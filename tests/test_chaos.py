@@ -118,3 +118,41 @@ def test_nothing_is_lost_under_faults(private_redis_url: str) -> None:
     assert {fault["fault"] for fault in report["faults"]} >= FAULTS
     # The time-out window makes the sink see events whose answers the relay never got.
     assert report["duplicates"] >= report["duplicate_reasons"].get("after a time-out", 0) > 0
+
+
+@pytest.mark.slow
+def test_nothing_is_lost_when_the_broker_goes_away(private_redis_url: str) -> None:
+    """The same plan against a private JetStream server, stopped and started again twice: the
+    stream drops every retried publish, so each event is read exactly once."""
+    require_services(private_redis_url)
+    events = 600
+    status, stdout, stderr = run_chaos(
+        "--destination",
+        "nats",
+        "--events",
+        str(events),
+        "--json",
+        "--timeout",
+        str(RUN_TIMEOUT_S),
+        "--ingest-seconds",
+        "20",
+        "--fault-seconds",
+        "2",
+        "--flush",
+        FLUSH,
+        "--redis-url",
+        private_redis_url,
+        "--pg-admin-dsn",
+        PG_ADMIN_DSN,
+    )
+    assert status == 0, f"exit status {status}\n{stderr[-4000:]}\n{stdout[-4000:]}"
+    report = json.loads(stdout)
+    print(json.dumps(report, indent=1))
+
+    assert report["destination"] == "nats"
+    assert report["lost"] == 0, report["lost_ids"]
+    assert report["accepted"] == report["delivered"] == events
+    assert report["deliveries"] == {"succeeded": events}
+    assert report["duplicates"] == 0  # Nats-Msg-Id: the stream dropped every retried publish
+    outages = [f["fault"] for f in report["faults"] if f["fault"].startswith("broker")]
+    assert outages == ["broker down: nats broker", "broker back: nats broker"] * 2

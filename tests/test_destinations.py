@@ -47,9 +47,13 @@ LONE_SURROGATE_PAYLOAD = {"message": "hi \ud83d", "to": "+4917398603185"}
 """A concatenated SMS with a missing part may end in half of a surrogate pair."""
 
 
+EVENT_ID = "0190f0a8-1111-7000-8000-000000000001"
+
+
 def outbound(**changes: Any) -> Outbound:
+    """A Conversations status event to deliver, with ``changes``."""
     values: dict[str, Any] = {
-        "event_id": "0190f0a8-1111-7000-8000-000000000001",
+        "event_id": EVENT_ID,
         "kind": "conversations.status",
         "source": "default",
         "received_at": RECEIVED_AT,
@@ -592,6 +596,9 @@ def _error(data: dict[str, Any]) -> str:
         ({"type": "http", "url": "https://a.b/", "events": []}, "cannot be empty"),
         ({"type": "http", "url": "https://a.b/", "timeout": "0s"}, "more than zero"),
         ({"type": "http", "url": "https://a.b/", "timeout": "soon"}, "not a duration"),
+        ({"type": "http", "url": "https://a.b/", "timeout": float("inf")}, "cannot exceed 3650"),
+        ({"type": "http", "url": "https://a.b/", "timeout": 1e300}, "cannot exceed 3650 days"),
+        ({"type": "http", "url": "https://a.b/", "timeout": "1000000d"}, "cannot exceed 3650"),
         ({"type": "redis-stream", "url": "http://a.b/", "stream": "s"}, "redis://"),
         ({"type": "redis-stream", "url": "redis://a/x", "stream": "s"}, "database number"),
         ({"type": "redis-stream", "url": REDIS_URL, "stream": ""}, "at least 1 character"),

@@ -115,6 +115,9 @@ class Broken:
         self.calls += 1
         raise ValueError("cannot send \x00\ud83d to https://user:s3cret@crm.example/hook")
 
+    async def start(self) -> None:
+        pass
+
     async def aclose(self) -> None:
         return None
 
