@@ -45,6 +45,15 @@ OutboxRequest = str | AttemptRecord | Release
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """The outbox's answer to a record: whether the lease was still the attempt's (else nothing
+    was written), and the job of the delivery its end let go next (per-key ordering)."""
+
+    owned: bool
+    next_in_line: Due | None = None
+
+
+@dataclass(frozen=True)
 class Target:
     """A configured destination: the sender and its timeout."""
 
@@ -89,16 +98,23 @@ class Deliverer:
         self._slots = asyncio.Semaphore(concurrency)
         longest = max((t.timeout for t in targets.values()), default=timedelta(0))
         self._start_window = max(lease - longest, timedelta(0)).total_seconds() / 2
-        self._outbox: Coalescer[OutboxRequest, Claim | bool | None] = Coalescer(self._outbox_group)
+        self._outbox: Coalescer[OutboxRequest, Claim | Recorded | None] = Coalescer(
+            self._outbox_group
+        )
         figures = metrics if metrics is not None else WorkerMetrics()
         self._figures = {name: figures.destination(name) for name in targets}
 
     async def attempt(self, delivery_id: str) -> Due | None:
-        """Attempt the delivery if it is due and free; returns its next job, if it needs one."""
+        """Attempt the delivery if it is due and free; returns its next job, if it needs one.
+        (A job this attempt's end makes due for the next delivery of its per-key line is not
+        returned: the sweeper enqueues it. :meth:`attempt_many`, which the worker uses, returns
+        those too.)"""
         async with self._slots:
             claimed = await self._outbox.submit(delivery_id)
-            assert not isinstance(claimed, bool)
-            return await self._attempt(claimed) if claimed is not None else None
+            assert not isinstance(claimed, Recorded)
+            if claimed is None:
+                return None
+            return next((d for d in await self._attempt(claimed) if d.id == delivery_id), None)
 
     async def attempt_many(self, delivery_ids: Sequence[str]) -> list[Due]:
         """Attempt each delivery that is due and free (concurrently, within the worker's
@@ -120,12 +136,12 @@ class Deliverer:
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
-        next_due = [r for r in results if isinstance(r, Due)]
+        next_due = [due for r in results if isinstance(r, list) for due in r]
         if errors:
             raise _with_next(errors[0], next_due)
         return next_due
 
-    async def _attempt_by(self, claimed: Claim | BaseException, deadline: float) -> Due | None:
+    async def _attempt_by(self, claimed: Claim | BaseException, deadline: float) -> list[Due]:
         if isinstance(claimed, BaseException):
             raise claimed
         try:
@@ -139,7 +155,7 @@ class Deliverer:
             delivery = claimed.delivery
             # its own job, due when it was due: ahead of newer jobs in the queue, and the id the
             # sweeper looks for (see :func:`relay.jobs.deliver_job_id`)
-            return Due(delivery.id, delivery.attempts, delivery.next_attempt_at)
+            return [Due(delivery.id, delivery.attempts, delivery.next_attempt_at)]
         try:
             return await self._attempt(claimed)
         finally:
@@ -147,19 +163,20 @@ class Deliverer:
 
     async def _outbox_group(
         self, items: list[OutboxRequest]
-    ) -> list[Claim | bool | BaseException | None]:
+    ) -> list[Claim | Recorded | BaseException | None]:
         """One transaction for what the worker's attempts asked meanwhile: the records of those
-        that finished (they free leases and update destinations' health), the releases, then
-        the claims of those about to start. Should it fail, each record is retried in a
-        transaction of its own (one bad record cannot fail the others), then the rest."""
+        that finished (they free leases, update destinations' health and let the next of a
+        per-key line go), the releases, then the claims of those about to start. Should it
+        fail, each record is retried in a transaction of its own (one bad record cannot fail
+        the others), then the rest."""
         records = [item for item in items if isinstance(item, AttemptRecord)]
         releases = [item.claimed for item in items if isinstance(item, Release)]
         ids = [item for item in items if isinstance(item, str)]
-        recorded: list[bool | BaseException]
+        recorded: list[Recorded | BaseException]
         claims: list[Claim | BaseException | None]
         try:
             async with self._engine.begin() as conn:
-                recorded = list(await outbox.record_on(conn, records)) if records else []
+                recorded = list(await self._record_on(conn, records)) if records else []
                 if releases:
                     await outbox.release_on(conn, releases)
                 claimed = await self._claim_on(conn, ids) if ids else []
@@ -176,7 +193,7 @@ class Deliverer:
             except Exception as claim_error:
                 claims = [claim_error] * len(ids)
         by_record, by_claim = iter(recorded), iter(claims)
-        answers: list[Claim | bool | BaseException | None] = []
+        answers: list[Claim | Recorded | BaseException | None] = []
         for item in items:
             if isinstance(item, AttemptRecord):
                 answers.append(next(by_record))
@@ -191,13 +208,37 @@ class Deliverer:
         # the same delivery twice in a group (two of its jobs at once): one attempt only
         return [claims.pop(delivery_id, None) for delivery_id in delivery_ids]
 
-    async def _record_alone(self, record: AttemptRecord) -> bool | BaseException:
+    async def _record_on(
+        self, conn: AsyncConnection, records: list[AttemptRecord]
+    ) -> list[Recorded]:
+        owned = await outbox.record_on(conn, records)
+        finished = [
+            record.claimed.delivery
+            for record, mine in zip(records, owned, strict=True)
+            if mine and record.status in (SUCCEEDED, DEAD)
+        ]
+        lines = await outbox.next_in_line(conn, finished, self._clock()) if finished else {}
+        return [
+            Recorded(
+                mine,
+                lines.get((delivery.destination, delivery.order_key))
+                if mine and record.status in (SUCCEEDED, DEAD)
+                else None,
+            )
+            for record, mine in zip(records, owned, strict=True)
+            for delivery in [record.claimed.delivery]
+        ]
+
+    async def _record_alone(self, record: AttemptRecord) -> Recorded | BaseException:
         try:
-            return (await outbox.record_attempts(self._engine, [record]))[0]
+            async with self._engine.begin() as conn:
+                return (await self._record_on(conn, [record]))[0]
         except Exception as exc:
             return exc
 
-    async def _attempt(self, claimed: Claim) -> Due | None:
+    async def _attempt(self, claimed: Claim) -> list[Due]:
+        """Attempt a claimed delivery; returns its next job and the one its end lets go next,
+        if they are needed."""
         now = self._clock()
         delivery = claimed.delivery
         target = self._targets.get(delivery.destination)
@@ -209,7 +250,7 @@ class Deliverer:
                 next_attempt_at=None,
                 error=f"destination {delivery.destination!r} is not configured",
             )
-            return None
+            return []
         health = _health(claimed.health)
         if health.disabled:
             await outbox.release(
@@ -219,12 +260,12 @@ class Deliverer:
                 next_attempt_at=None,
                 error="destination disabled after 410 Gone; `relay destinations enable` resumes",
             )
-            return None
+            return []
         wait = hold_until(health, now)
         if wait is not None:
             if await outbox.release(self._engine, claimed, status=PENDING, next_attempt_at=wait):
-                return Due(delivery.id, delivery.attempts, wait)
-            return None
+                return [Due(delivery.id, delivery.attempts, wait)]
+            return []
         policy = self._policies.get(delivery.policy) or self._policies[FALLBACK_POLICY]
         outcome = await self._send(claimed, target, policy)
         return await self._record(claimed, policy, outcome)
@@ -248,7 +289,7 @@ class Deliverer:
 
     async def _record(
         self, claimed: Claim, policy: Policy, sent: tuple[datetime, Outcome]
-    ) -> Due | None:
+    ) -> list[Due]:
         started, outcome = sent
         delivery = claimed.delivery
         finished = max(self._clock(), started)
@@ -285,9 +326,10 @@ class Deliverer:
         recorded = await self._outbox.submit(
             AttemptRecord(claimed, result, status, next_at, _on_rows(change) if change else None)
         )
-        if not recorded:
+        assert isinstance(recorded, Recorded)
+        if not recorded.owned:
             log.warning("lease of delivery %s expired during its attempt", delivery.id)
-            return None
+            return []
         if status == SUCCEEDED:
             figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
         if not outcome.ok:
@@ -313,7 +355,10 @@ class Deliverer:
                 delivery.destination,
                 delivery.attempts + 1,
             )
-        return Due(delivery.id, delivery.attempts + 1, next_at) if next_at else None
+        jobs = [Due(delivery.id, delivery.attempts + 1, next_at)] if next_at else []
+        if recorded.next_in_line is not None:
+            jobs.append(recorded.next_in_line)
+        return jobs
 
 
 class AttemptsFailed(Exception):

@@ -5,10 +5,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from relay.ordering import overtaken
 from relay.outbox import ATTEMPTS, DELIVERIES, STATES
+from relay.tables import DEAD
+
+
+def _with_order_flag() -> Any:
+    """Deliveries, each with ``out_of_order_if_replayed``: dead, with a later delivery of its
+    per-key line already attempted."""
+    flag = and_(DELIVERIES.c.status == DEAD, overtaken()).label("out_of_order_if_replayed")
+    return select(DELIVERIES, flag)
 
 
 async def list_deliveries(
@@ -19,7 +28,7 @@ async def list_deliveries(
     limit: int = 50,
 ) -> list[dict[str, Any]]:
     """Deliveries, newest first."""
-    query = select(DELIVERIES).order_by(DELIVERIES.c.created_at.desc(), DELIVERIES.c.id.desc())
+    query = _with_order_flag().order_by(DELIVERIES.c.created_at.desc(), DELIVERIES.c.id.desc())
     if status is not None:
         query = query.where(DELIVERIES.c.status == status)
     if destination is not None:
@@ -31,7 +40,8 @@ async def list_deliveries(
 async def get_delivery(engine: AsyncEngine, delivery_id: str) -> dict[str, Any] | None:
     """One delivery with its kept attempts."""
     async with engine.connect() as conn:
-        row = (await conn.execute(select(DELIVERIES).where(DELIVERIES.c.id == delivery_id))).first()
+        query = _with_order_flag().where(DELIVERIES.c.id == delivery_id)
+        row = (await conn.execute(query)).first()
         if row is None:
             return None
         attempts = await conn.execute(
@@ -91,6 +101,8 @@ def delivery_json(row: Any) -> dict[str, Any]:
         "finished_at": _iso(row["finished_at"]),
         "last_status_code": row["last_status_code"],
         "last_error": row["last_error"],
+        "order_key": row["order_key"],
+        "out_of_order_if_replayed": bool(row.get("out_of_order_if_replayed")),
     }
 
 

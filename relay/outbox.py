@@ -19,6 +19,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.store import ReceivedEvent, insert_rows_async, new_id
+from relay.ordering import first_in_line, free_to_go
 from relay.router import Router
 from relay.tables import (
     DEAD,
@@ -58,6 +59,8 @@ class EventRef:
     source: str
     kind: str
     payload: Mapping[str, Any]
+    received_at: datetime | None = None
+    """When it arrived (its place in per-key lines); None: the routing time stands in."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ async def route_events(
                 "schedule_base": 0,
                 "created_at": now,
                 "next_attempt_at": now,
+                "order_key": route.order_key,
+                "arrived_at": event.received_at or now,
             }
             for route in routes
         )
@@ -167,7 +172,7 @@ async def unrouted_events(
     """Events received before ``before`` (and at or after ``since``, when given: the indexed
     received_at keeps a sweep cheap however many events are stored) that were never routed."""
     query = (
-        select(EVENTS.c.id, EVENTS.c.source, EVENTS.c.kind, EVENTS.c.payload)
+        select(EVENTS.c.id, EVENTS.c.source, EVENTS.c.kind, EVENTS.c.payload, EVENTS.c.received_at)
         .select_from(EVENTS.outerjoin(ROUTED, ROUTED.c.event_id == EVENTS.c.id))
         .where(ROUTED.c.event_id.is_(None), EVENTS.c.received_at < before)
         .where(EVENTS.c.received_at >= since if since is not None else true())
@@ -175,20 +180,25 @@ async def unrouted_events(
         .limit(limit)
     )
     async with engine.connect() as conn:
-        return [EventRef(r.id, r.source, r.kind, r.payload) for r in await conn.execute(query)]
+        return [
+            EventRef(r.id, r.source, r.kind, r.payload, r.received_at)
+            for r in await conn.execute(query)
+        ]
 
 
 async def due_deliveries(
     engine: AsyncEngine, now: datetime, limit: int, after: Due | None = None
 ) -> list[Due]:
-    """Pending deliveries that are due and not leased (a job may or may not exist for them),
-    oldest first; pass the last one of a page as ``after`` for the next page."""
+    """Pending deliveries that are due, not leased and free to go (not waiting their turn in a
+    per-key line), whether a job exists for them or not, oldest first; pass the last one of a
+    page as ``after`` for the next page."""
     query = select(
         DELIVERIES.c.id, DELIVERIES.c.attempts, DELIVERIES.c.next_attempt_at, DELIVERIES.c.job_id
     ).where(
         DELIVERIES.c.status == PENDING,
         DELIVERIES.c.next_attempt_at <= now,
         or_(DELIVERIES.c.leased_until.is_(None), DELIVERIES.c.leased_until < now),
+        free_to_go(),
     )
     if after is not None:
         query = query.where(
@@ -207,8 +217,9 @@ async def due_deliveries(
 async def claim_many(
     engine: AsyncEngine, delivery_ids: Sequence[str], now: datetime, lease: timedelta
 ) -> dict[str, Claim]:
-    """Lease those of the deliveries that are due and free, in one transaction (one conditional
-    UPDATE), and read their events and destinations' health; keyed by delivery id."""
+    """Lease those of the deliveries that are due, free and not waiting their turn in a per-key
+    line (:mod:`relay.ordering`), in one transaction (one conditional UPDATE), and read their
+    events and destinations' health; keyed by delivery id."""
     async with engine.begin() as conn:
         return await claim_on(conn, delivery_ids, now, lease)
 
@@ -225,6 +236,7 @@ async def claim_on(
             DELIVERIES.c.status == PENDING,
             DELIVERIES.c.next_attempt_at <= now + CLOCK_SKEW,
             or_(DELIVERIES.c.leased_until.is_(None), DELIVERIES.c.leased_until < now),
+            free_to_go(),
         )
         .values(leased_until=now + lease, lease_token=token)
         .returning(*DELIVERIES.c)
@@ -336,6 +348,25 @@ async def record_on(
             health = change(health)
         await _save_health(conn, name, health, max(at for _, at in steps))
     return owned
+
+
+async def next_in_line(
+    conn: AsyncConnection, finished: Sequence[Row[Any]], now: datetime
+) -> dict[tuple[str, str], Due]:
+    """After deliveries with order keys finished (succeeded or dead) in this transaction: for
+    each of their (destination, order key) lines, the delivery now first in line, if it is
+    pending, due and not leased: its job, due when it was (ahead of newer jobs)."""
+    lines = list({(d.destination, d.order_key) for d in finished if d.order_key is not None})
+    found: dict[tuple[str, str], Due] = {}
+    for start in range(0, len(lines), LOOKUP_CHUNK):
+        chunk = lines[start : start + LOOKUP_CHUNK]
+        for row in await conn.execute(first_in_line(chunk)):
+            free = row.leased_until is None or row.leased_until < now
+            if row.status == PENDING and row.next_attempt_at <= now and free:
+                found[(row.destination, row.order_key)] = Due(
+                    row.id, row.attempts, row.next_attempt_at
+                )
+    return found
 
 
 def _finished(result: AttemptResult) -> datetime:

@@ -18,13 +18,17 @@ class Filtered(Protocol):
 
     def wants(self, kind: str, source: str, payload: Mapping[str, Any]) -> bool: ...
 
+    def order_key_of(self, kind: str, source: str, payload: Mapping[str, Any]) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class Route:
-    """One delivery to create: the destination and the policy it retries with."""
+    """One delivery to create: the destination, the policy it retries with, and its order key
+    (None: it waits for no other delivery)."""
 
     destination: str
     policy: str
+    order_key: str | None = None
 
 
 class Router:
@@ -38,7 +42,9 @@ class Router:
         routes = []
         for name, destination in self._destinations.items():
             if destination.wants(kind, source, payload):
-                routes.append(Route(name, self.policy_name(destination.policy, kind, payload)))
+                policy = self.policy_name(destination.policy, kind, payload)
+                order_key = destination.order_key_of(kind, source, payload)
+                routes.append(Route(name, policy, order_key))
         return routes
 
     @staticmethod

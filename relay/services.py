@@ -46,7 +46,7 @@ class RoutingHook:
         """Attached once the queue is connected (in the app's lifespan)."""
 
     async def __call__(self, events: Sequence[StoredEvent]) -> None:
-        refs = [EventRef(e.id, e.source, e.kind, e.payload) for e in events]
+        refs = [EventRef(e.id, e.source, e.kind, e.payload, e.received_at) for e in events]
         due = await outbox.route_events(self._engine, self._router, refs, self._clock())
         if self.queue is not None:
             await self.queue.enqueue(due)

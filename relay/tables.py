@@ -46,6 +46,7 @@ class Delivery(SQLModel, table=True):
         Index("ix_deliveries_due", "status", "next_attempt_at"),
         Index("ix_deliveries_destination_status", "destination", "status", "created_at"),
         Index("ix_deliveries_status_created", "status", "created_at"),
+        Index("ix_deliveries_order", "destination", "order_key", "status", "arrived_at"),
     )
 
     id: str = Field(primary_key=True, max_length=36)
@@ -67,6 +68,10 @@ class Delivery(SQLModel, table=True):
     last_status_code: int | None = None
     last_error: str | None = Field(default=None, max_length=1000)
     job_id: str | None = Field(default=None, max_length=64)  # the batch job of its first attempt
+    order_key: str | None = Field(default=None, max_length=200)
+    """Per-key ordering: deliveries of one key and destination go one at a time (relay.ordering)."""
+    arrived_at: datetime | None = Field(default=None, sa_column=Column(UTCDateTime()))
+    """When its event arrived (the event's received_at): its place in its order key's line."""
 
 
 class DeliveryAttempt(SQLModel, table=True):

@@ -9,6 +9,9 @@ Filters (all must pass):
 - ``channels``: globs on the Conversations ``channel`` field, without letter case. An event
   without a text ``channel`` field is rejected.
 - ``sources``: source names, exactly.
+
+``ordering = "per-key"`` delivers the events of one order key (``order_key``, see
+:mod:`relay.order_keys`) one at a time, in the order they arrived (:mod:`relay.ordering`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 from fnmatch import fnmatchcase
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -24,13 +27,16 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     field_validator,
+    model_validator,
 )
 
 from receivers.kinds import KINDS_BY_NAME
 from relay.destinations.signing import secret_key
 from relay.durations import Duration
+from relay.order_keys import DEFAULT_ORDER_KEY, OrderKey
 
 
 def _one_or_many(value: object) -> object:
@@ -61,6 +67,24 @@ class DestinationBase(BaseModel):
     policy: str = Field(default="platform", min_length=1)
     """``platform``: the kind's platform retry policy; otherwise a named policy."""
     timeout: Duration = timedelta(seconds=5)
+    ordering: Literal["none", "per-key"] = "none"
+    """``per-key``: one delivery at a time per order key, in arrival order."""
+    order_key: str | None = None
+    """The order key template (``per-key`` only); default ``{platform_id}``."""
+    _order_key: OrderKey | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _parse_order_key(self) -> DestinationBase:
+        if self.order_key is not None and self.ordering != "per-key":
+            raise ValueError('order_key needs ordering = "per-key"')
+        if self.ordering == "per-key":
+            try:
+                self._order_key = OrderKey(
+                    DEFAULT_ORDER_KEY if self.order_key is None else self.order_key
+                )
+            except ValueError as exc:
+                raise ValueError(f"order_key: {exc}") from None
+        return self
 
     @field_validator("kinds")
     @classmethod
@@ -102,6 +126,11 @@ class DestinationBase(BaseModel):
     def timeout_seconds(self) -> float:
         """``timeout`` in seconds, as ``Destination.deliver`` takes it."""
         return self.timeout.total_seconds()
+
+    def order_key_of(self, kind: str, source: str, payload: Mapping[str, Any]) -> str | None:
+        """The order key of an event here: None without per-key ordering, or when the event
+        lacks a field of the template (it then waits for no other)."""
+        return None if self._order_key is None else self._order_key.key(kind, source, payload)
 
     def wants(self, kind: str, source: str, payload: Mapping[str, Any]) -> bool:
         """Whether an event passes every filter of this destination."""

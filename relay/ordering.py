@@ -1,0 +1,107 @@
+"""Per-key ordering in SQL: which deliveries must wait for others, and which one goes next.
+
+A destination with ``ordering = "per-key"`` gives each delivery an order key
+(:mod:`relay.order_keys`) and its event's arrival time (``arrived_at``). Its deliveries of one
+key form a line, in arrival order (``arrived_at``, then the event id): a delivery may be claimed
+only when no delivery ahead of it in its line is unfinished (pending, whatever it waits for,
+or held), and no earlier event of the same platform id is still unrouted (stored, but its
+deliveries not yet created: a receiver process that died, or another replica still routing).
+
+The rule is part of the claim's conditional UPDATE and of the sweeper's due query, so it holds
+across workers and survives a killed one: the truth is in SQL, never in a worker's memory. When
+a delivery of a key succeeds or goes dead, the same transaction looks up the delivery now first
+in its line (:func:`first_in_line`), whose job the worker enqueues at once; the sweeper finds
+any that such a hand-over missed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, and_, exists, func, or_, select, tuple_
+from sqlalchemy.sql.elements import ColumnElement
+
+from receivers.store import ReceivedEvent
+from relay.tables import HELD, PENDING, Delivery, RoutedEvent
+
+DELIVERIES = Delivery.__table__
+EVENTS = ReceivedEvent.__table__
+ROUTED = RoutedEvent.__table__
+UNFINISHED = (PENDING, HELD)
+
+
+def _before(at: Any, tie: Any, other_at: Any, other_tie: Any) -> ColumnElement[bool]:
+    return or_(at < other_at, and_(at == other_at, tie < other_tie))
+
+
+def free_to_go() -> ColumnElement[bool]:
+    """For a row of ``deliveries``: true unless it has an order key and must wait its turn."""
+    ahead = DELIVERIES.alias("ahead")
+    unfinished_ahead = exists().where(
+        ahead.c.destination == DELIVERIES.c.destination,
+        ahead.c.order_key == DELIVERIES.c.order_key,
+        ahead.c.status.in_(UNFINISHED),
+        _before(
+            ahead.c.arrived_at, ahead.c.event_id, DELIVERIES.c.arrived_at, DELIVERIES.c.event_id
+        ),
+    )
+    mine, earlier = EVENTS.alias("mine"), EVENTS.alias("earlier")
+    unrouted_earlier = exists().where(
+        mine.c.id == DELIVERIES.c.event_id,
+        earlier.c.platform_id == mine.c.platform_id,
+        _before(earlier.c.received_at, earlier.c.id, mine.c.received_at, mine.c.id),
+        ~exists().where(ROUTED.c.event_id == earlier.c.id),
+    )
+    return or_(DELIVERIES.c.order_key.is_(None), ~or_(unfinished_ahead, unrouted_earlier))
+
+
+def first_in_line(lines: Sequence[tuple[str, str]]) -> Select[Any]:
+    """The first unfinished delivery of each (destination, order key) line: its line, id,
+    attempts, status, next attempt and lease."""
+    place = (
+        func.row_number()
+        .over(
+            partition_by=(DELIVERIES.c.destination, DELIVERIES.c.order_key),
+            order_by=(DELIVERIES.c.arrived_at, DELIVERIES.c.event_id),
+        )
+        .label("place")
+    )
+    ranked = (
+        select(
+            DELIVERIES.c.destination,
+            DELIVERIES.c.order_key,
+            DELIVERIES.c.id,
+            DELIVERIES.c.attempts,
+            DELIVERIES.c.status,
+            DELIVERIES.c.next_attempt_at,
+            DELIVERIES.c.leased_until,
+            place,
+        )
+        .where(
+            tuple_(DELIVERIES.c.destination, DELIVERIES.c.order_key).in_(list(lines)),
+            DELIVERIES.c.status.in_(UNFINISHED),
+        )
+        .subquery()
+    )
+    return select(ranked).where(ranked.c.place == 1)
+
+
+def overtaken() -> ColumnElement[bool]:
+    """For a row of ``deliveries``: a later delivery of its line has already been attempted
+    (a dead one replayed now would arrive after it: "out of order if replayed")."""
+    behind = DELIVERIES.alias("behind")
+    return and_(
+        DELIVERIES.c.order_key.is_not(None),
+        exists().where(
+            behind.c.destination == DELIVERIES.c.destination,
+            behind.c.order_key == DELIVERIES.c.order_key,
+            behind.c.attempts > 0,
+            _before(
+                DELIVERIES.c.arrived_at,
+                DELIVERIES.c.event_id,
+                behind.c.arrived_at,
+                behind.c.event_id,
+            ),
+        ),
+    )

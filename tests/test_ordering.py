@@ -1,0 +1,213 @@
+"""Per-key ordering: a delivery waits for the earlier ones of its key, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from relay import inspect, outbox
+from relay.simulator import factories
+from relay.tables import DEAD, PENDING, SUCCEEDED, Delivery
+from tests.relay_support import Clock, Relay, store_events
+from tests.support import Answer, Sink
+
+SECOND = timedelta(seconds=1)
+QUICK = {"quick": {"type": "delays", "delays": ["10s"], "then": "10s", "give_up_after": "1m"}}
+MakeRelay = Callable[..., Relay]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def ordered(engine: AsyncEngine, clock: Clock, sink: Sink) -> AsyncIterator[Relay]:
+    """A relay with one per-key HTTP destination, ``crm``, retrying every 10 s for a minute."""
+    table = {"type": "http", "url": sink.url(), "policy": "quick", "ordering": "per-key"}
+    relay = Relay(engine, {"crm": table}, clock, QUICK)
+    yield relay
+    await relay.aclose()
+
+
+def dlr(request_id: str, status: str) -> tuple[str, dict[str, Any]]:
+    return "/hooks/sms/dlr", factories.sms_dlr({"requestId": request_id}, status=status)
+
+
+def seen(sink: Sink) -> list[tuple[str, str]]:
+    """(requestId, status) of each request the sink got, in order."""
+    found = []
+    for request in sink.requests:
+        payload = json.loads(request.body)["payload"]
+        found.append((payload["requestId"], payload["status"]))
+    return found
+
+
+async def store(engine: AsyncEngine, clock: Clock, *posts: tuple[str, dict[str, Any]]) -> None:
+    """Store the callbacks one after another, a millisecond apart (their arrival order)."""
+    for post in posts:
+        await store_events(engine, [post], clock)
+        clock.advance(timedelta(milliseconds=1))
+
+
+async def test_a_later_event_waits_while_an_earlier_one_is_retried(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"), dlr("m2", "ACCEPTED"))
+    accepted, delivered, other = await ordered.route_all()
+    sink.answers["/hook"] = Answer(503)
+    assert await ordered.deliverer.attempt_many([accepted.id, delivered.id, other.id]) != []
+    # m1's ACCEPTED failed and waits 10 s; DELIVERED was not attempted; m2's key went on
+    assert seen(sink) == [("m1", "ACCEPTED"), ("m2", "ACCEPTED")]
+    assert await outbox.due_deliveries(engine, clock(), 100) == []  # the sweeper leaves it too
+    assert await ordered.deliverer.attempt(delivered.id) is None
+    assert len(sink.requests) == 2
+
+    sink.answers["/hook"] = Answer(200)
+    clock.advance(10 * SECOND)
+    retry = await outbox.due_deliveries(engine, clock(), 100)
+    assert {d.id for d in retry} == {accepted.id, other.id}
+    jobs = await ordered.deliverer.attempt_many([accepted.id])
+    # its success lets DELIVERED go at once: its job, due when it was (ahead of newer jobs)
+    assert [(d.id, d.attempts, d.at) for d in jobs] == [(delivered.id, 0, delivered.at)]
+    assert await ordered.deliverer.attempt_many([d.id for d in jobs]) == []
+    assert seen(sink)[2:] == [("m1", "ACCEPTED"), ("m1", "DELIVERED")]
+    rows = {r["id"]: r["status"] for r in await inspect.list_deliveries(engine, limit=10)}
+    assert rows[accepted.id] == rows[delivered.id] == SUCCEEDED and rows[other.id] == PENDING
+
+
+async def test_one_claim_takes_only_the_first_of_a_line(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    await store(engine, clock, *(dlr("m1", status) for status in ("ACCEPTED", "SENT", "DELIVERED")))
+    due = await ordered.route_all()
+    claims = await outbox.claim_many(engine, [d.id for d in reversed(due)], clock(), 60 * SECOND)
+    assert list(claims) == [due[0].id]
+    # a second worker claiming meanwhile gets none of them: the first is leased, the rest wait
+    assert await outbox.claim_many(engine, [d.id for d in due], clock(), 60 * SECOND) == {}
+
+
+async def test_a_dead_delivery_lets_the_next_go_and_shows_out_of_order_if_replayed(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
+    accepted, delivered = await ordered.route_all()
+    sink.answers["/hook"] = Answer(500)
+    due = accepted
+    for _ in range(20):  # every 10 s until the minute is up
+        [due] = await ordered.deliverer.attempt_many([due.id])
+        if due.id != accepted.id:
+            break
+        clock.to(due.at)
+    assert due.id == delivered.id  # the dead one's end let the next go
+    [row] = await inspect.list_deliveries(engine, status=DEAD, limit=10)
+    assert row["id"] == accepted.id and row["out_of_order_if_replayed"] is False
+    sink.answers["/hook"] = Answer(200)
+    assert await ordered.deliverer.attempt_many([delivered.id]) == []
+    [row] = await inspect.list_deliveries(engine, status=DEAD, limit=10)
+    assert row["out_of_order_if_replayed"] is True
+    assert seen(sink)[-1] == ("m1", "DELIVERED")
+
+    # replayed, it goes (after DELIVERED, as the flag said)
+    [replayed] = await outbox.replay(engine, clock(), delivery_ids=[accepted.id])
+    assert await ordered.deliverer.attempt_many([replayed.id]) == []
+    assert seen(sink)[-1] == ("m1", "ACCEPTED")
+
+
+async def test_a_breaker_hold_keeps_the_line_waiting(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
+    accepted, delivered = await ordered.route_all()
+    pause = Delivery.__table__.update().where(Delivery.__table__.c.id == accepted.id)
+    async with engine.begin() as conn:  # held for the breaker: pending, due in 5 minutes
+        await conn.execute(pause.values(next_attempt_at=clock() + 300 * SECOND))
+    assert await ordered.deliverer.attempt_many([delivered.id]) == []
+    assert sink.requests == []
+
+
+async def test_an_unrouted_earlier_event_of_the_platform_id_holds_the_line(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    """A receiver died between storing ACCEPTED and routing it: DELIVERED, routed by another,
+    waits until ACCEPTED is routed (by the sweeper) and delivered."""
+    await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
+    events = await outbox.unrouted_events(engine, clock() + SECOND, 10)
+    [delivered] = await outbox.route_events(engine, ordered.router, events[1:], clock())
+    assert await ordered.deliverer.attempt_many([delivered.id]) == []
+    assert await outbox.due_deliveries(engine, clock(), 10) == []
+    [accepted] = await ordered.route_all()
+    jobs = await ordered.deliverer.attempt_many([accepted.id])
+    assert [d.id for d in jobs] == [delivered.id]
+    await ordered.deliverer.attempt_many([delivered.id])
+    assert seen(sink) == [("m1", "ACCEPTED"), ("m1", "DELIVERED")]
+
+
+async def test_ordering_none_and_events_without_a_key_do_not_wait(
+    engine: AsyncEngine, clock: Clock, sink: Sink
+) -> None:
+    tables = {
+        "plain": {"type": "http", "url": sink.url("/plain"), "policy": "quick"},
+        "by-to": {
+            "type": "http",
+            "url": sink.url("/to"),
+            "policy": "quick",
+            "ordering": "per-key",
+            "order_key": "{payload.recipient}",
+        },
+    }
+    relay = Relay(engine, tables, clock, QUICK)
+    try:
+        await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
+        due = await relay.route_all()
+        rows = await inspect.list_deliveries(engine, limit=10)
+        assert {r["order_key"] for r in rows} == {None}  # sms.dlr has no recipient field
+        sink.answers["/plain"] = sink.answers["/to"] = Answer(503)
+        await relay.deliverer.attempt_many([d.id for d in due])
+        assert len(sink.requests) == 4  # nothing waited
+    finally:
+        await relay.aclose()
+
+
+async def test_a_lease_lost_to_a_killed_worker_keeps_the_line_waiting(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    """A worker claims ACCEPTED and dies mid-attempt: DELIVERED waits for the lease to expire
+    and ACCEPTED's next attempt, never overtakes it."""
+    await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
+    accepted, delivered = await ordered.route_all()
+    assert list(await outbox.claim_many(engine, [accepted.id], clock(), 30 * SECOND))
+    # the killed worker never records; its lease runs out
+    clock.advance(31 * SECOND)
+    assert await ordered.deliverer.attempt_many([delivered.id]) == []
+    assert sink.requests == []
+    [due] = await outbox.due_deliveries(engine, clock(), 10)
+    assert due.id == accepted.id
+    jobs = await ordered.deliverer.attempt_many([accepted.id])
+    await ordered.deliverer.attempt_many([d.id for d in jobs])
+    assert seen(sink) == [("m1", "ACCEPTED"), ("m1", "DELIVERED")]
+
+
+async def test_a_replayed_earlier_delivery_goes_before_later_pending_ones(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
+    accepted, delivered = await ordered.route_all()
+    await ordered.deliverer.attempt_many([accepted.id])
+    async with engine.begin() as conn:  # DELIVERED is pending, due later
+        table = Delivery.__table__
+        later = clock() + 300 * SECOND
+        await conn.execute(
+            update(table).where(table.c.id == delivered.id).values(next_attempt_at=later)
+        )
+    await outbox.replay(engine, clock(), delivery_ids=[accepted.id])
+    clock.advance(300 * SECOND)
+    assert await ordered.deliverer.attempt_many([delivered.id]) == []  # the replay goes first
+    jobs = await ordered.deliverer.attempt_many([accepted.id])
+    assert [d.id for d in jobs] == [delivered.id]
