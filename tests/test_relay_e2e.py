@@ -17,6 +17,7 @@ import httpx
 import pytest
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from redis.asyncio import Redis
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.app import utc_now
@@ -24,7 +25,7 @@ from relay import inspect
 from relay.runtime import Runtime, close_worker, start
 from relay.settings import Settings
 from relay.simulator import factories
-from relay.tables import SUCCEEDED
+from relay.tables import SUCCEEDED, Delivery
 from relay.worker import build_worker
 from tests.conftest import REDIS_URL, TOKEN, running_client
 from tests.support import Answer, Sink
@@ -210,10 +211,11 @@ async def test_flushall_mid_run_loses_nothing(
     engine: AsyncEngine, database_url: str, sink: Sink, private_redis_url: str
 ) -> None:
     """FLUSHALL empties the whole server: a Redis server of the test's own, not the shared one."""
-    # the first retries wait long enough for all 20 first attempts to be recorded, also on a
-    # loaded machine (8 s was not, once, in a full CI run): the flush must come while every
-    # retry is queued and none has run; after it, the sweeper finds them due 15 s on
-    settings = settings_for(database_url, sink, first_retry="15s", redis_url=private_redis_url)
+    # the flush must come while every retry is queued and none has run: the first retries wait
+    # far longer than any loaded machine takes to record 20 first attempts (8 s and 15 s were
+    # not enough, once each, in full CI runs); after the flush the test makes them due at once
+    # in SQL, the store being the truth the sweeper rebuilds the queue from
+    settings = settings_for(database_url, sink, first_retry="5m", redis_url=private_redis_url)
     sink.answers["/hook"] = Answer(500)
     runtime = await start(settings)
     redis = Redis.from_url(private_redis_url, socket_connect_timeout=2)
@@ -237,10 +239,16 @@ async def test_flushall_mid_run_loses_nothing(
                 and len(queued) == len(retries) == 20
             )
 
-        await eventually(all_waiting)
+        try:
+            await eventually(all_waiting)
+        except AssertionError:  # shown by pytest with the failure
+            print(await _delivery_states(engine), await redis.zrange("relay:queue", 0, -1))
+            raise
         await redis.flushall()  # the deferred retry jobs are gone
         assert await redis.zcard("relay:queue") == 0
         sink.answers["/hook"] = Answer(200)
+        async with engine.begin() as conn:  # five minutes go by
+            await conn.execute(update(Delivery).values(next_attempt_at=utc_now()))
         await eventually(lambda: all_succeeded(engine, 20), timeout=60)
     ok = {r.headers["webhook-id"] for r in sink.requests if r.path == "/hook"}
     assert ok == ids
