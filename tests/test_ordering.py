@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers import SourceConfig
 from relay import inspect, outbox
 from relay.simulator import factories
 from relay.tables import DEAD, PENDING, SUCCEEDED, Delivery
+from tests.conftest import TOKEN, running_client
 from tests.relay_support import Clock, Relay, store_events
 from tests.support import Answer, Sink
 
@@ -211,3 +217,116 @@ async def test_a_replayed_earlier_delivery_goes_before_later_pending_ones(
     assert await ordered.deliverer.attempt_many([delivered.id]) == []  # the replay goes first
     jobs = await ordered.deliverer.attempt_many([accepted.id])
     assert [d.id for d in jobs] == [delivered.id]
+
+
+# -- property: whatever the failures, kills and routing order, each key's line keeps its order --
+
+Step = tuple[str, Any]
+steps = st.one_of(
+    st.tuples(st.just("event"), st.integers(0, 1)),  # a callback of key 0 or 1 arrives
+    st.tuples(st.just("route"), st.lists(st.integers(0, 3), min_size=1, max_size=2)),  # routed
+    st.tuples(st.just("pass"), st.booleans()),  # a worker pass; the sink answers 200 or 503
+    st.tuples(st.just("kill"), st.booleans()),  # a worker claims, (maybe) sends, and dies
+    st.tuples(st.just("advance"), st.integers(1, 40)),  # seconds go by
+)
+
+
+@pytest.fixture
+async def receiver(engine: AsyncEngine) -> AsyncIterator[tuple[httpx.AsyncClient, Clock]]:
+    """A receiver (no hook) on a clock that the examples of a property test share."""
+    clock = Clock()
+    async with running_client(
+        engine, {"default": SourceConfig(token=TOKEN)}, clock=clock
+    ) as client:
+        yield client, clock
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(plan=st.lists(steps, min_size=1, max_size=24))
+@example(plan=[("event", 0), ("event", 0), ("pass", False), ("advance", 10), ("pass", True)])
+@example(plan=[("event", 0), ("event", 0), ("route", [1]), ("pass", True), ("route", [0])])
+@example(plan=[("event", 0), ("event", 0), ("route", [0, 1]), ("kill", True), ("advance", 31)])
+async def test_each_key_reaches_the_sink_in_arrival_order(
+    engine: AsyncEngine,
+    sink: Sink,
+    receiver: tuple[httpx.AsyncClient, Clock],
+    plan: list[Step],
+) -> None:
+    """Events of two keys arrive; routing happens late and out of order; worker passes meet
+    a failing sink; workers die after claiming (some after sending); time goes by. For every
+    key, what reached the sink (attempts that failed included) never goes back in arrival
+    order, and in the end every delivery is succeeded or dead."""
+    client, clock = receiver
+    run = uuid.uuid4().hex[:8]  # examples share the store: this one's keys and events only
+    table = {"type": "http", "url": sink.url(), "policy": "quick", "ordering": "per-key"}
+    relay = Relay(engine, {"crm": table}, clock, QUICK, lease=30 * SECOND)
+    sink.requests.clear()
+    place: dict[str, tuple[str, int]] = {}  # event id -> (key, its place in arrival order)
+    seen_at_sink: list[tuple[str, int]] = []
+    unrouted: list[str] = []
+    jobs: list[outbox.Due] = []
+
+    def observe() -> None:
+        for request in sink.requests:
+            seen_at_sink.append(place[json.loads(request.body)["id"]])
+        sink.requests.clear()
+
+    async def due_now() -> list[str]:
+        due = await outbox.due_deliveries(engine, clock(), 1000)
+        mine = {d.id for d in due if d.id in deliveries} | {j.id for j in jobs if j.at <= clock()}
+        return sorted(mine)
+
+    deliveries: set[str] = set()
+    try:
+        for action, value in [*plan, ("drain", None)]:
+            if action == "event":
+                key = f"{run}-{value}"
+                _, body = dlr(key, f"STEP{len(place)}")  # a new status: not a duplicate
+                answer = await client.post(f"/hooks/sms/dlr?token={TOKEN}", json=body)
+                assert answer.status_code == 200 and answer.json()["id"] not in place
+                place[answer.json()["id"]] = (key, len(place))
+                unrouted.append(answer.json()["id"])
+                clock.advance(timedelta(milliseconds=1))
+            elif action == "route" or action == "drain":
+                chosen = (
+                    unrouted
+                    if action == "drain"
+                    else [unrouted[i % len(unrouted)] for i in value if unrouted]
+                )
+                events = await outbox.unrouted_events(engine, clock() + SECOND, 1000)
+                picked = [e for e in events if e.id in set(chosen)]
+                routed = await outbox.route_events(engine, relay.router, picked, clock())
+                deliveries |= {d.id for d in routed}
+                unrouted = [i for i in unrouted if i not in {e.id for e in picked}]
+            if action == "pass" or action == "drain":
+                sink.answers["/hook"] = Answer(200 if value in (True, None) else 503)
+                for _ in range(200 if action == "drain" else 1):
+                    ids = await due_now()
+                    jobs = await relay.deliverer.attempt_many(ids) if ids else []
+                    if action == "drain" and not ids:
+                        if await _all_done(engine, deliveries):
+                            break
+                        clock.advance(10 * SECOND)
+                observe()
+            elif action == "kill":
+                claims = await outbox.claim_many(engine, await due_now(), clock(), 30 * SECOND)
+                if value:  # it sent them before it died: the sink has them
+                    seen_at_sink.extend(place[c.delivery.event_id] for c in claims.values())
+            elif action == "advance":
+                clock.advance(value * SECOND)
+    finally:
+        await relay.aclose()
+    assert await _all_done(engine, deliveries)
+    for key in {key for key, _ in place.values()}:
+        order = [at for k, at in seen_at_sink if k == key]
+        assert order == sorted(order), f"key {key} reached the sink as {order}"
+
+
+async def _all_done(engine: AsyncEngine, deliveries: set[str]) -> bool:
+    rows = await inspect.list_deliveries(engine, limit=100_000)
+    return all(r["status"] in (SUCCEEDED, DEAD) for r in rows if r["id"] in deliveries)
