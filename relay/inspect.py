@@ -5,19 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay.ordering import overtaken
+from relay.ordering import order_flags
 from relay.outbox import ATTEMPTS, DELIVERIES, STATES
-from relay.tables import DEAD
 
 
-def _with_order_flag() -> Any:
-    """Deliveries, each with ``out_of_order_if_replayed``: dead, with a later delivery of its
-    per-key line already attempted."""
-    flag = and_(DELIVERIES.c.status == DEAD, overtaken()).label("out_of_order_if_replayed")
-    return select(DELIVERIES, flag)
+def _with_order_flags() -> Any:
+    return select(DELIVERIES, *order_flags())
 
 
 async def list_deliveries(
@@ -28,7 +24,7 @@ async def list_deliveries(
     limit: int = 50,
 ) -> list[dict[str, Any]]:
     """Deliveries, newest first."""
-    query = _with_order_flag().order_by(DELIVERIES.c.created_at.desc(), DELIVERIES.c.id.desc())
+    query = _with_order_flags().order_by(DELIVERIES.c.created_at.desc(), DELIVERIES.c.id.desc())
     if status is not None:
         query = query.where(DELIVERIES.c.status == status)
     if destination is not None:
@@ -40,7 +36,7 @@ async def list_deliveries(
 async def get_delivery(engine: AsyncEngine, delivery_id: str) -> dict[str, Any] | None:
     """One delivery with its kept attempts."""
     async with engine.connect() as conn:
-        query = _with_order_flag().where(DELIVERIES.c.id == delivery_id)
+        query = _with_order_flags().where(DELIVERIES.c.id == delivery_id)
         row = (await conn.execute(query)).first()
         if row is None:
             return None
@@ -103,6 +99,7 @@ def delivery_json(row: Any) -> dict[str, Any]:
         "last_error": row["last_error"],
         "order_key": row["order_key"],
         "out_of_order_if_replayed": bool(row.get("out_of_order_if_replayed")),
+        "waiting_in_line": bool(row.get("waiting_in_line")),
     }
 
 

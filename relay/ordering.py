@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Select, and_, exists, func, or_, select, tuple_
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ColumnElement, Label
 
 from receivers.store import ReceivedEvent
-from relay.tables import HELD, PENDING, Delivery, RoutedEvent
+from relay.tables import DEAD, HELD, PENDING, Delivery, RoutedEvent
 
 DELIVERIES = Delivery.__table__
 EVENTS = ReceivedEvent.__table__
@@ -87,9 +87,18 @@ def first_in_line(lines: Sequence[tuple[str, str]]) -> Select[Any]:
     return select(ranked).where(ranked.c.place == 1)
 
 
-def overtaken() -> ColumnElement[bool]:
-    """For a row of ``deliveries``: a later delivery of its line has already been attempted
-    (a dead one replayed now would arrive after it: "out of order if replayed")."""
+def order_flags() -> list[Label[bool]]:
+    """What operators see of a delivery's line, as two columns for a query over
+    ``deliveries``: ``out_of_order_if_replayed`` (dead, and a later delivery of its line has
+    been attempted since: replayed, it would arrive after that one) and ``waiting_in_line``
+    (pending, and not free to go: an earlier delivery of its line comes first)."""
+    return [
+        and_(DELIVERIES.c.status == DEAD, _overtaken()).label("out_of_order_if_replayed"),
+        and_(DELIVERIES.c.status == PENDING, ~free_to_go()).label("waiting_in_line"),
+    ]
+
+
+def _overtaken() -> ColumnElement[bool]:
     behind = DELIVERIES.alias("behind")
     return and_(
         DELIVERIES.c.order_key.is_not(None),

@@ -20,6 +20,7 @@ from relay import inspect, outbox
 from relay.simulator import factories
 from relay.tables import DEAD, PENDING, SUCCEEDED, Delivery
 from tests.conftest import TOKEN, running_client
+from tests.console_support import console_client
 from tests.relay_support import Clock, Relay, store_events
 from tests.support import Answer, Sink
 
@@ -217,6 +218,36 @@ async def test_a_replayed_earlier_delivery_goes_before_later_pending_ones(
     assert await ordered.deliverer.attempt_many([delivered.id]) == []  # the replay goes first
     jobs = await ordered.deliverer.attempt_many([accepted.id])
     assert [d.id for d in jobs] == [delivered.id]
+
+
+async def test_operators_see_who_waits_in_line_and_who_is_out_of_order_if_replayed(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
+    accepted, delivered = await ordered.route_all()
+    sink.answers["/hook"] = Answer(503)
+    await ordered.deliverer.attempt_many([accepted.id, delivered.id])
+    rows = {r["id"]: r for r in await inspect.list_deliveries(engine, limit=10)}
+    assert [rows[accepted.id]["waiting_in_line"], rows[delivered.id]["waiting_in_line"]] == [
+        False,
+        True,
+    ]
+    assert rows[delivered.id]["order_key"] == "m1"
+    async with console_client(engine, clock, ["crm"]) as console:
+        assert (await console.login()).status_code == 303
+        listed = (await console.http.get("/console/deliveries")).text
+        assert listed.count("waits for an earlier event of its key") == 1
+        async with engine.begin() as conn:  # ACCEPTED gave up; DELIVERED went since
+            table = Delivery.__table__
+            await conn.execute(update(table).where(table.c.id == accepted.id).values(status=DEAD))
+            await conn.execute(
+                update(table).where(table.c.id == delivered.id).values(status=SUCCEEDED, attempts=1)
+            )
+        [shown] = await inspect.list_deliveries(engine, status=DEAD, limit=10)
+        assert shown["out_of_order_if_replayed"] is True and shown["waiting_in_line"] is False
+        event = (await inspect.get_delivery(engine, accepted.id) or {})["event_id"]
+        page = (await console.http.get(f"/console/events/{event}")).text
+        assert "out of order if replayed" in page and "order key" in page
 
 
 # -- property: whatever the failures, kills and routing order, each key's line keeps its order --

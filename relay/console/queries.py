@@ -18,6 +18,7 @@ from sqlalchemy.sql import Select
 
 from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
+from relay.ordering import order_flags
 from relay.outbox import ATTEMPTS, DELIVERIES
 
 EVENTS = ReceivedEvent.__table__
@@ -98,7 +99,7 @@ async def event_detail(
             return None
         deliveries = list(
             await conn.execute(
-                select(DELIVERIES)
+                select(DELIVERIES, *order_flags())
                 .where(DELIVERIES.c.event_id == event_id)
                 .order_by(DELIVERIES.c.destination)
             )
@@ -129,6 +130,7 @@ async def deliveries_page(engine: AsyncEngine, where: DeliveryFilter) -> Page:
         DELIVERIES.c.last_error,
         EVENTS.c.kind,
         EVENTS.c.platform_id,
+        *order_flags(),
     ).join(EVENTS, EVENTS.c.id == DELIVERIES.c.event_id)
     conditions = _delivery_conditions(where)
     return await _page(

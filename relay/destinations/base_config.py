@@ -69,7 +69,7 @@ class DestinationBase(BaseModel):
     timeout: Duration = timedelta(seconds=5)
     ordering: Literal["none", "per-key"] = "none"
     """``per-key``: one delivery at a time per order key, in arrival order."""
-    order_key: str | None = None
+    order_key: str | None = Field(default=None, max_length=500)
     """The order key template (``per-key`` only); default ``{platform_id}``."""
     _order_key: OrderKey | None = PrivateAttr(default=None)
 
