@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
@@ -14,15 +17,18 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
+from starlette.responses import Response
 
 from receivers import SourceConfig
+from receivers.store import create_engine
 from relay import inspect, outbox
 from relay.simulator import factories
 from relay.tables import DEAD, PENDING, SUCCEEDED, Delivery
 from tests.conftest import TOKEN, running_client
 from tests.console_support import console_client
 from tests.relay_support import Clock, Relay, store_events
-from tests.support import Answer, Sink
+from tests.support import Answer, Sink, serving
 
 SECOND = timedelta(seconds=1)
 QUICK = {"quick": {"type": "delays", "delays": ["10s"], "then": "10s", "give_up_after": "1m"}}
@@ -361,3 +367,69 @@ async def test_each_key_reaches_the_sink_in_arrival_order(
 async def _all_done(engine: AsyncEngine, deliveries: set[str]) -> bool:
     rows = await inspect.list_deliveries(engine, limit=100_000)
     return all(r["status"] in (SUCCEEDED, DEAD) for r in rows if r["id"] in deliveries)
+
+
+class LineWatchingSink(Sink):
+    """A sink that answers after ``delay`` seconds, 503 for a seeded share of requests, and
+    counts how many requests of each order key (the payload's requestId) it holds at once."""
+
+    def __init__(self, delay: float, failing: float, seed: int) -> None:
+        super().__init__()
+        self.delay, self.failing, self.rng = delay, failing, random.Random(seed)
+        self.holding: Counter[str] = Counter()
+        self.most_at_once = 0
+
+    async def _endpoint(self, request: Request) -> Response:
+        key = json.loads(await request.body())["payload"]["requestId"]
+        self.holding[key] += 1
+        self.most_at_once = max(self.most_at_once, self.holding[key])
+        try:
+            answer = await super()._endpoint(request)
+            await asyncio.sleep(self.delay)
+        finally:
+            self.holding[key] -= 1
+        return Response(status_code=503) if self.rng.random() < self.failing else answer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["postgresql"])  # a race needs a server database
+async def test_two_workers_racing_on_postgresql_keep_each_line_one_at_a_time_in_order(
+    database_url: str, engine: AsyncEngine, clock: Clock
+) -> None:
+    """Two workers (engines of their own: separate connections, real row races) attempt the
+    same due deliveries at the same moments; the sink fails a third of the requests."""
+    second_engine = create_engine(database_url)
+    async with serving(LineWatchingSink(delay=0.02, failing=0.3, seed=23)) as sink:
+        table = {"type": "http", "url": sink.url(), "policy": "quick", "ordering": "per-key"}
+        workers = [
+            Relay(engine, {"crm": table}, clock, QUICK),
+            Relay(second_engine, {"crm": table}, clock, QUICK),
+        ]
+        try:
+            keys = [f"m{k}" for k in range(20)]
+            posts = [dlr(key, f"STEP{step}") for step in range(5) for key in keys]
+            await store(engine, clock, *posts)
+            await workers[0].route_all()
+            for _ in range(100):
+                due = [d.id for d in await outbox.due_deliveries(engine, clock(), 1000)]
+                if not due:
+                    if await outbox.delivery_counts(engine) == {SUCCEEDED: len(posts)}:
+                        break
+                    clock.advance(10 * SECOND)
+                    continue
+                while due:  # both at once, then what their ends let go, at once too
+                    jobs = await asyncio.gather(*(w.deliverer.attempt_many(due) for w in workers))
+                    due = sorted({d.id for found in jobs for d in found if d.at <= clock()})
+        finally:
+            for worker in workers:
+                await worker.aclose()
+            await second_engine.dispose()
+    assert await outbox.delivery_counts(engine) == {SUCCEEDED: len(posts)}
+    assert sink.most_at_once == 1
+    by_key: dict[str, list[int]] = {}
+    for request in sink.requests:
+        payload = json.loads(request.body)["payload"]
+        by_key.setdefault(payload["requestId"], []).append(int(payload["status"][4:]))
+    assert sorted(by_key) == sorted(keys)
+    for key, steps_seen in by_key.items():
+        assert steps_seen == sorted(steps_seen), f"{key} reached the sink as {steps_seen}"
