@@ -41,7 +41,36 @@ arrival time and answer) with PostgreSQL (``received_events``, ``deliveries``) a
   time-out (the relay never saw the answer), across a worker kill (sent, not yet recorded), or
   unexplained (worth a look);
 - dead: deliveries given up by the policy;
-- max lag: seconds from ``received_at`` to the first in-time 2xx arrival at the sink.
+- max lag: seconds from ``received_at`` to the first in-time 2xx arrival at the sink;
+- out_of_order: per order key (``deliveries.order_key`` when set, else
+  ``received_events.platform_id``; events with neither are not counted), the events taken in the
+  order they arrived at the receivers (``received_at``, then the id, as the relay orders its
+  lines): the events whose first in-time 2xx arrival at the sink came before the first in-time
+  2xx arrival of an earlier event of the same key. Dead deliveries are left out (a dead one lets
+  the next of its key go, by design), as are lost ones;
+- late_repeats (informative): 2xx arrivals of an event, other than its first in-time one, after
+  the first in-time 2xx of a later event of its key;
+- ordered_keys: keys with two events or more (``ordered_events``: their events), i.e. how much
+  the ordering check had to compare. The simulator plays each scenario instance in causal order
+  (an SMS's ACCEPTED, BUFFERED then DELIVERED reports with one requestId; a call's events with
+  one callId), the next callback only once the previous one was accepted, so the keys of the
+  multi-step scenarios have 2 to 4 events each.
+
+``--ordering per-key`` sets ``ordering = "per-key"`` on the sink's destination table (the
+default order key, ``{platform_id}``): the relay then delivers the events of one key one at a
+time, in arrival order, and ``out_of_order > 0`` fails the run. With the default
+``--ordering none`` the events of one key go in parallel and ``out_of_order`` is informative.
+A late repeat is no ordering failure: a copy of an earlier event, sent before its success was
+recorded, that reached the sink after a later event of its key. Without ordering any duplicate
+(after a time-out, across a kill) can do that, as the later event does not wait. With per-key
+ordering the next event of a key is sent only once the earlier one's success is recorded, which
+takes an in-time 2xx, so a copy of the earlier one must still have been on its way then: the
+request of an attempt whose lease expired while it was in flight (a stalled or starved worker,
+"lease expired during attempt" in the logs), the event meanwhile delivered by another worker. A
+time-out or a kill does not do it here: the sink records a request only once it has read its
+body while the connection is still open, i.e. before the relay gave up on it (the slow mode
+reads the request at once and only answers late), and only a later attempt's success lets the
+next event go.
 
 Throughput (the faults slow it down; see ``--no-faults``): ``events_per_s`` = accepted events /
 (last first-in-time delivery arriving at the sink - first callback sent), i.e. end to end through
@@ -49,9 +78,12 @@ ingest, routing, queueing and delivery; ``ingest_per_s`` = accepted events / the
 traffic time (first callback sent to the last answer, retries included).
 
 ``--json`` prints one JSON object (``accepted``, ``delivered``, ``lost``, ``duplicates``,
-``dead``, ``max_lag_s``, ``faults``, ``duration_s``, ``events_per_s``, ``ingest_per_s`` and
-more). The exit status is 1 when anything was lost or a check failed (a callback given up by the
-platform, acknowledged ids missing from the store, deliveries still pending at the deadline), 2
+``dead``, ``max_lag_s``, ``out_of_order``, ``late_repeats``, ``ordered_keys``, ``faults``,
+``duration_s``, ``events_per_s``, ``ingest_per_s`` and more; ``out_of_order_samples``: the first
+out-of-order events with every event of their key, its delivery attempts and its arrivals). The
+exit status is 1 when anything was lost or a check failed (a callback given up by the platform,
+acknowledged ids missing from the store, deliveries still pending at the deadline, with
+``--ordering per-key`` an event out of order), 2
 when the run itself failed (a process did not start, ``--timeout`` expired). Every process, the
 database, the Redis database and the temp directory are cleaned up on every path, Ctrl-C and
 SIGTERM included.
@@ -75,6 +107,7 @@ explained as such (NATS drops a retried publish within its duplicate window).
 Run it with the project's interpreter (PostgreSQL and Redis on 127.0.0.1)::
 
     python scripts/chaos.py [--events 20000] [--json] [--timeout 900] [--flush all|db]
+    python scripts/chaos.py --ordering per-key --events 3000
     python scripts/chaos.py --no-faults --servers 1 --workers 1 --events 5000
     python scripts/chaos.py --destination nats --events 5000
 """
@@ -165,6 +198,7 @@ the consumer this soon after a kill or an outage is still explained by it. The H
 records a POST when it arrives: no slack there."""
 BROKER_IDLE_SECONDS = 60.0  # a broker's consumer stops after this long without a new message
 REPORT_MARGIN_SECONDS = 20.0  # kept from --timeout for the reconciliation and the clean-up
+ORDER_SAMPLES = 10  # out-of-order events shown with their lines
 LOG_PATTERNS = {
     "tracebacks": re.compile(r"^Traceback"),
     "lease expired during attempt": re.compile(r"lease of delivery .* expired"),
@@ -325,8 +359,10 @@ def destination_settings() -> dict[str, str]:
     return {"timeout": f"{DESTINATION_TIMEOUT_S:g}s", "policy": "chaos"}
 
 
-def http_table(sink_url: str) -> str:
+def http_table(sink_url: str, ordering: str = "none") -> str:
     table = {"type": "http", "url": sink_url, "format": "envelope", **destination_settings()}
+    if ordering != "none":
+        table["ordering"] = ordering  # the order key stays the default, {platform_id}
     return toml_table(f"destinations.{DESTINATION}", table)
 
 
@@ -622,22 +658,58 @@ class Store:
     received_at: dict[str, float]
     statuses: dict[str, str]  # event id -> delivery status at the sink destination
     attempts: dict[str, int]
+    arrival_order: list[str] = field(default_factory=list)  # ORDER BY received_at, id
+    order_keys: dict[str, str] = field(default_factory=dict)  # deliveries.order_key, else
+    # received_events.platform_id (events with neither are left out)
+    labels: dict[str, str] = field(default_factory=dict)  # event id -> "kind event_name"
+    attempt_log: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     async def read(cls, dsn: str) -> Store:
         conn = await asyncpg.connect(dsn, timeout=10)
         try:
-            events = await conn.fetch("SELECT id, received_at FROM received_events")
-            deliveries = await conn.fetch(
-                "SELECT event_id, status, attempts FROM deliveries WHERE destination = $1",
+            # The order the relay's per-key lines follow (relay.ordering): arrival, then the id,
+            # both compared by PostgreSQL.
+            events = await conn.fetch(
+                "SELECT e.id, e.received_at, e.kind, e.event_name, e.platform_id, "
+                "d.order_key, d.status, d.attempts "
+                "FROM received_events e "
+                "LEFT JOIN deliveries d ON d.event_id = e.id AND d.destination = $1 "
+                "ORDER BY e.received_at, e.id",
+                DESTINATION,
+            )
+            attempts = await conn.fetch(
+                "SELECT d.event_id, a.number, a.started_at, a.duration_ms, a.status_code, "
+                "a.error FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id "
+                "WHERE d.destination = $1 ORDER BY d.event_id, a.number",
                 DESTINATION,
             )
         finally:
             await conn.close()
+        attempt_log: dict[str, list[dict[str, Any]]] = {}
+        for row in attempts:
+            attempt_log.setdefault(row["event_id"], []).append(
+                {
+                    "number": row["number"],
+                    "started_at": round(row["started_at"].timestamp(), 3),
+                    "ms": round(row["duration_ms"]),
+                    "status": row["status_code"],
+                    "error": row["error"],
+                }
+            )
+        delivered = [row for row in events if row["status"] is not None]
         return cls(
             {row["id"]: row["received_at"].timestamp() for row in events},
-            {row["event_id"]: row["status"] for row in deliveries},
-            {row["event_id"]: row["attempts"] for row in deliveries},
+            {row["id"]: row["status"] for row in delivered},
+            {row["id"]: row["attempts"] for row in delivered},
+            [row["id"] for row in events],
+            {
+                row["id"]: row["order_key"] or row["platform_id"]
+                for row in events
+                if row["order_key"] or row["platform_id"]
+            },
+            {row["id"]: f"{row['kind']} {row['event_name'] or '-'}" for row in events},
+            attempt_log,
         )
 
 
@@ -645,6 +717,93 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     if not values:
         return math.nan
     return sorted(values)[max(1, math.ceil(fraction * len(values))) - 1]
+
+
+@dataclass
+class OrderCheck:
+    """The sink's arrivals against the receivers' order, per order key (see ``check_order``)."""
+
+    ordered_keys: int = 0  # keys with two events or more
+    ordered_events: int = 0  # the events of those keys
+    out_of_order: int = 0
+    late_repeats: int = 0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_order(
+    store: Store,
+    in_time: dict[str, float],
+    successes: dict[str, list[tuple[float, str]]],
+    dead: set[str],
+) -> OrderCheck:
+    """Per order key, the events in the order the receivers stored them (``received_at``, then
+    the id): ``out_of_order`` counts the events whose first in-time 2xx arrival at the sink came
+    before the first in-time 2xx arrival of an earlier event of their key; ``late_repeats`` the
+    2xx arrivals of an event, other than its first in-time one, after the first in-time 2xx of a
+    later event of its key. Dead deliveries, and events never answered 2xx in time (counted as
+    lost), are left out of both."""
+    lines: dict[str, list[str]] = {}
+    for event_id in store.arrival_order:
+        key = store.order_keys.get(event_id)
+        if key is not None:
+            lines.setdefault(key, []).append(event_id)
+    check = OrderCheck()
+    for key, line in lines.items():
+        if len(line) < 2:
+            continue
+        check.ordered_keys += 1
+        check.ordered_events += len(line)
+        compared = [event_id for event_id in line if event_id in in_time and event_id not in dead]
+        latest, latest_id = -math.inf, ""
+        for event_id in compared:
+            if in_time[event_id] < latest:
+                check.out_of_order += 1
+                if len(check.samples) < ORDER_SAMPLES:
+                    check.samples.append(
+                        order_sample(store, key, line, event_id, latest_id, in_time, successes)
+                    )
+            else:
+                latest, latest_id = in_time[event_id], event_id
+        earliest_later = math.inf
+        for event_id in reversed(compared):
+            first_seen = False
+            for arrived, mode in successes[event_id]:
+                if not first_seen and mode == "ok" and arrived == in_time[event_id]:
+                    first_seen = True  # the first in-time 2xx: compared above
+                elif arrived > earliest_later:
+                    check.late_repeats += 1
+            earliest_later = min(earliest_later, in_time[event_id])
+    return check
+
+
+def order_sample(
+    store: Store,
+    key: str,
+    line: Sequence[str],
+    event_id: str,
+    overtaken: str,
+    in_time: dict[str, float],
+    successes: dict[str, list[tuple[float, str]]],
+) -> dict[str, Any]:
+    """One out-of-order event with its whole line: every event of the key in arrival order,
+    its delivery (status, attempts as recorded) and its 2xx arrivals at the sink."""
+    return {
+        "order_key": key,
+        "event_id": event_id,
+        "overtook": overtaken,
+        "line": [
+            {
+                "event_id": other,
+                "what": store.labels.get(other),
+                "received_at": round(store.received_at[other], 3),
+                "first_in_time": round(in_time[other], 3) if other in in_time else None,
+                "arrivals_2xx": [[round(at, 3), mode] for at, mode in successes.get(other, [])],
+                "status": store.statuses.get(other),
+                "attempts": store.attempt_log.get(other, []),
+            }
+            for other in line
+        ],
+    }
 
 
 @dataclass
@@ -667,6 +826,7 @@ class Reconciliation:
     lost_ids: list[str]
     unexplained: list[dict[str, Any]]
     last_delivery_at: float = math.nan  # time.time() of the last first in-time 2xx
+    order: OrderCheck = field(default_factory=OrderCheck)
 
     @classmethod
     def compute(
@@ -737,6 +897,7 @@ class Reconciliation:
             lost_ids=sorted(lost)[:20],
             unexplained=unexplained,
             last_delivery_at=max((in_time[event_id] for event_id in delivered), default=math.nan),
+            order=check_order(store, in_time, successes, dead),
         )
 
 
@@ -773,6 +934,11 @@ class Report:
             found.append(f"{r.unknown_at_sink} ids at the sink are not in the store")
         if r.succeeded_not_seen:
             found.append(f"{r.succeeded_not_seen} deliveries succeeded but the sink has no 2xx")
+        if self.args.ordering == "per-key" and r.order.out_of_order:
+            found.append(
+                f"{r.order.out_of_order} events reached the sink before an earlier event of "
+                "their order key (ordering per-key)"
+            )
         return found
 
     @property
@@ -798,6 +964,11 @@ class Report:
             "max_lag_s": _round(r.max_lag_s),
             "lag_p50_s": _round(r.lag_p50_s),
             "lag_p99_s": _round(r.lag_p99_s),
+            "ordering": self.args.ordering,
+            "out_of_order": r.order.out_of_order,
+            "late_repeats": r.order.late_repeats,
+            "ordered_keys": r.order.ordered_keys,
+            "ordered_events": r.order.ordered_events,
             "callbacks": t.callbacks,
             "distinct_callbacks": t.distinct,
             "acked_ids": len(t.acked_ids),
@@ -826,6 +997,7 @@ class Report:
             "cpu_cores": self.cpu,
             "lost_ids": r.lost_ids,
             "unexplained_duplicates": r.unexplained,
+            "out_of_order_samples": r.order.samples,
             "log_notes": self.log_notes,
             "problems": self.problems,
         }
@@ -837,8 +1009,8 @@ class Report:
         sink = ", ".join(f"{what} {n}" for what, n in sorted(r.sink_requests.items()))
         lines = [
             f"chaos run: {t.callbacks} callbacks to {self.args.servers} serve processes, "
-            f"{self.args.workers} workers, {self.duration_s:.1f} s in all "
-            f"(traffic {self.traffic_s:.1f} s)",
+            f"{self.args.workers} workers, ordering {self.args.ordering}, "
+            f"{self.duration_s:.1f} s in all (traffic {self.traffic_s:.1f} s)",
             "faults:" if self.faults else "faults: none injected (--no-faults)",
             *(f"  {fault.as_text()}" for fault in self.faults),
             "",
@@ -852,6 +1024,17 @@ class Report:
             f"{'dead':<22}{r.dead:>8}",
             f"{'max lag':<22}{r.max_lag_s:>8.1f} s received_at -> first in-time 2xx at the sink "
             f"(p50 {r.lag_p50_s:.2f} s, p99 {r.lag_p99_s:.1f} s)",
+            f"{'out of order':<22}{r.order.out_of_order:>8}   events whose first in-time 2xx came "
+            "before that of an earlier event of their key "
+            + (
+                "(ordering per-key: must be 0)"
+                if self.args.ordering == "per-key"
+                else "(ordering none: keys go in parallel, informative)"
+            ),
+            f"{'late repeats':<22}{r.order.late_repeats:>8}   2xx copies of an event after a "
+            "later event of its key had arrived (informative)",
+            f"{'ordered keys':<22}{r.order.ordered_keys:>8}   keys with 2 events or more "
+            f"({r.order.ordered_events} events)",
             "",
             f"platform: {t.attempts} requests for {t.callbacks} callbacks "
             f"({t.failed_attempts} failed and retried), given up {t.given_up}",
@@ -875,6 +1058,12 @@ class Report:
             )
         if r.unexplained:
             lines.append(f"unexplained duplicates (first ones): {json.dumps(r.unexplained)}")
+        if self.args.ordering == "per-key" and r.order.samples:
+            lines.append(
+                f"out of order (first ones, with their lines): {json.dumps(r.order.samples)}"
+            )
+        if self.args.ordering == "per-key" and not r.order.ordered_keys:
+            lines.append("no order key has two events: the ordering check compared nothing")
         if self.log_notes.get("counts"):
             notes = ", ".join(f"{k} {v}" for k, v in sorted(self.log_notes["counts"].items()))
             lines.append(f"process logs: {notes}")
@@ -930,7 +1119,7 @@ async def run_async(
         deployment.argv["sink"] = uvicorn_argv("sink_app:app", sink_port)
         await deployment.start_ready("sink")
         sink = SinkControl(sink_port)
-        table = http_table(sink.url)
+        table = http_table(sink.url, args.ordering)
     try:
         token = secrets.token_urlsafe(24)
         config = write_config(
@@ -1149,6 +1338,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="http: the recording sink; amqp, nats, mqtt: a broker of the run's own, taken down "
         "twice (default: http)",
     )
+    parser.add_argument(
+        "--ordering",
+        choices=("none", "per-key"),
+        default="none",
+        help="the sink destination's ordering; per-key: an event delivered before an earlier "
+        "one of its key fails the run (default: none)",
+    )
     args = parser.parse_args(argv)
     if args.time_scale is None:
         args.time_scale = NO_FAULTS_TIME_SCALE if args.no_faults else DEFAULT_TIME_SCALE
@@ -1156,6 +1352,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.ingest_seconds = 0.0 if args.no_faults else DEFAULT_INGEST_SECONDS
     if not args.no_faults and (args.servers < 2 or args.workers < 2):
         parser.error("the faults need --servers and --workers of at least 2 (or --no-faults)")
+    if args.ordering != "none" and args.destination != "http":
+        parser.error("--ordering per-key is checked against the HTTP sink (--destination http)")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
     if args.slow_seconds <= DESTINATION_TIMEOUT_S:

@@ -1,8 +1,11 @@
 """The fault-injection run (``scripts/chaos.py``), shortened: two serve processes and two workers
 on PostgreSQL and Redis, a destination that fails and then times out, a worker SIGKILLed, a serve
 process restarted and Redis flushed (FLUSHALL: the whole server) while the simulator sends; in the
-end every accepted event has reached the destination. The Redis server is the test's own
-(``redis-server`` on a free port, fixture ``private_redis_url``), never the machine's shared one.
+end every accepted event has reached the destination; with ``ordering = "per-key"`` on the
+destination, the events of each platform id in the order they arrived. The Redis server is the
+test's own (``redis-server`` on a free port, fixture ``private_redis_url``), never the machine's
+shared one. The script and the relay processes it starts import this checkout (``PYTHONPATH``),
+whichever copy of the package the interpreter has installed.
 
 Needs PostgreSQL on 127.0.0.1 and the ``redis-server`` binary (missing: fails under CI=true,
 skipped otherwise).
@@ -33,6 +36,7 @@ EVENTS = int(os.environ.get("RELAY_TEST_CHAOS_EVENTS", "2000"))
 FLUSH = os.environ.get("RELAY_TEST_CHAOS_FLUSH", "all")
 RUN_TIMEOUT_S = 170  # the script's own limit; it cleans up and exits when it is reached
 KILL_AFTER_S = RUN_TIMEOUT_S + 60
+PER_KEY_EVENTS = 600  # sent over 20 s, as in the broker test: the faults start at 2 s to 21 s
 FAULTS = {
     "sink answers HTTP 500",
     "SIGKILL worker-1",
@@ -63,9 +67,11 @@ def require_services(redis_url: str) -> None:
 
 def run_chaos(*args: str) -> tuple[int, str, str]:
     """The script as a subprocess; on overrun it gets SIGTERM (its clean-up runs), then KILL."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(
         [sys.executable, str(CHAOS), *args],
         cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,6 +124,55 @@ def test_nothing_is_lost_under_faults(private_redis_url: str) -> None:
     assert {fault["fault"] for fault in report["faults"]} >= FAULTS
     # The time-out window makes the sink see events whose answers the relay never got.
     assert report["duplicates"] >= report["duplicate_reasons"].get("after a time-out", 0) > 0
+    # Without ordering the events of one key go in parallel: the count is informative only.
+    assert report["ordering"] == "none"
+    assert isinstance(report["out_of_order"], int) and report["out_of_order"] >= 0
+    assert isinstance(report["late_repeats"], int) and report["late_repeats"] >= 0
+    assert report["ordered_keys"] > 0
+
+
+@pytest.mark.slow
+def test_per_key_order_holds_under_faults(private_redis_url: str) -> None:
+    """The same faults with ``ordering = "per-key"`` on the sink's destination: every event
+    arrives, and no event reaches the sink before an earlier one of its platform id (an SMS's
+    reports, a call's events, a Conversations message's statuses)."""
+    require_services(private_redis_url)
+    events = PER_KEY_EVENTS
+    status, stdout, stderr = run_chaos(
+        "--ordering",
+        "per-key",
+        "--events",
+        str(events),
+        "--json",
+        "--timeout",
+        str(RUN_TIMEOUT_S),
+        "--ingest-seconds",
+        "20",
+        "--fault-seconds",
+        "2",
+        "--flush",
+        FLUSH,
+        "--redis-url",
+        private_redis_url,
+        "--pg-admin-dsn",
+        PG_ADMIN_DSN,
+    )
+    assert status == 0, f"exit status {status}\n{stderr[-4000:]}\n{stdout[-4000:]}"
+    report = json.loads(stdout)
+    print(json.dumps(report, indent=1))
+
+    assert report["ordering"] == "per-key"
+    assert report["lost"] == 0, report["lost_ids"]
+    assert report["settled"]
+    assert report["accepted"] == report["delivered"] == events
+    assert report["deliveries"] == {"succeeded": events}
+    assert report["out_of_order"] == 0, report["out_of_order_samples"]
+    # The seed's scenario instances: about half the keys have 2 to 4 events (150 at 600).
+    assert report["ordered_keys"] >= events // 5
+    assert {fault["fault"] for fault in report["faults"]} >= FAULTS
+    # The sink's faults met deliveries in flight: retries held their keys' later events back.
+    assert report["sink_requests"].get("fail 500", 0) > 0
+    assert report["duplicate_reasons"].get("after a time-out", 0) > 0
 
 
 @pytest.mark.slow
