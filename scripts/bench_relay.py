@@ -13,23 +13,47 @@ a) the baseline: this process POSTs the envelopes of the events (built with the 
 b) the relay: the events are POSTed to the receivers (``relay serve`` on a fresh SQLite database
    in WAL mode in a temp directory) by the lean keep-alive load generator of ``benchlib.py``
    (``--ingest-concurrency`` connections); the receivers store them, route them to the one
-   destination ``[destinations.sink]`` (type http, format envelope) and enqueue arq jobs on the
-   machine's Redis (``redis://127.0.0.1:6379/<--redis-db>``, flushed at the start and the end);
-   ONE ``relay worker`` (``worker_concurrency = --concurrency``) POSTs them to the sink.
+   destination ``[destinations.sink]`` (type http, format envelope, ``ordering = --ordering``)
+   and enqueue arq jobs on the machine's Redis (``redis://127.0.0.1:6379/<--redis-db>``,
+   flushed at the start, between relay runs and at the end); ONE ``relay worker``
+   (``worker_concurrency = --concurrency``) POSTs them to the sink.
+
+With ``--ordering per-key`` the relay runs three times on the same events, each time with a
+fresh database and fresh serve and worker processes: ``ordering = "none"``, ``"per-key"``,
+``"none"`` (so the order is: baseline, none, per-key, none, baseline).
 
 The sink is ``scripts/sink_app.py`` under uvicorn (one worker, its own process): for each request
 it records the ``webhook-id`` header and the arrival time (``time.time()``, wall-clock UTC, the
 same clock as the envelope's ``received_at``, which the receivers take with
 ``datetime.now(UTC)`` on this machine).
 
+The events: by default ``build_events`` of ``benchlib.py`` (a mix of kinds, each event its own
+platform id). With ``--keys N`` they share N platform ids: event i has key i % N (a uuid per
+key) in its platform-id field (``requestId`` of an SMS report, ``messageId`` of a Conversations
+status, ``callId`` of a call event). The receivers deduplicate on the platform id and, where the
+kind has one, a status or event name; so that each event stays a new event, the events are drawn
+only from the mix's kinds with such a second field (SMS reports, Conversations statuses, call
+events: an inbound SMS or a number lookup is keyed by its ``requestId`` alone), and that field
+gets the event's place in its key's line as a suffix (``DELIVERED-41``). The runs compared get
+the very same events.
+
 Figures:
 
 - deliveries/s: (a) answered POSTs / (last arrival at the sink - first POST);
   (b) events that reached the sink / (last first-arrival at the sink - first POST to the
   receivers), so it includes ingest, routing, queueing and delivery;
-- ratio = (b) / the mean of the two runs of (a);
+- ratio = (b) / the mean of the two runs of (a) (with ``--ordering per-key``: the per-key run's);
+- ordering_ratio (``--ordering per-key`` only) = the per-key run's deliveries/s / the mean of
+  the two ``none`` runs';
 - lag per event (b): first arrival at the sink - the envelope's ``received_at``, p50/p99 in ms
   (for (a), send -> arrival, printed for reference);
+- out_of_order (b): events whose first arrival at the sink came before the first arrival of an
+  event of the same order key that the receivers received earlier (``received_at``, ties broken
+  by the event id, as the relay orders a key's line). The key of each event is its platform id
+  (``relay.order_keys.platform_id`` of the payload this script generated), mapped to the event
+  id by the receivers' acknowledgement of that request; ``received_at`` is the envelope's, as
+  the sink saw it. Must be 0 with ``ordering = "per-key"``; informative with ``none`` (and 0
+  whenever every event has a key of its own);
 - lost: events the receivers acknowledged (200 with their id) that the sink never saw (by
   ``webhook-id``) within ``--drain-timeout`` seconds after the last acknowledgement. Must be 0.
 
@@ -38,9 +62,9 @@ sink, CPU use of each process during (b) (from /proc; near 1.0 = that process is
 baseline client's own CPU use and the deliveries' statuses in SQL. ``--profile DIR`` runs serve
 and worker under cProfile (for hot spots only: it slows them down).
 
-The exit status is 1 when events were lost or not acknowledged, 2 when the run itself failed (a
-process did not start, ``--timeout`` expired). Every subprocess is stopped, the Redis database
-flushed and the temp directory removed on every path.
+The exit status is 1 when events were lost or not acknowledged, or a per-key run delivered out
+of order, 2 when the run itself failed (a process did not start, ``--timeout`` expired). Every
+subprocess is stopped, the Redis database flushed and the temp directory removed on every path.
 
 With ``--destination amqp|nats|mqtt`` the destination is the machine's RabbitMQ (a vhost of the
 run's own), NATS JetStream (a stream of the run's own) or Mosquitto (a topic of the run's own),
@@ -48,12 +72,13 @@ and the sink is the broker's own consumer in a process of its own (``broker_cons
 baseline (a) is then the broker's own client publishing the same messages, ``--concurrency``
 awaiting their confirmation at once, with the destination's confirmation mode (publisher
 confirms, JetStream acks, QoS 1 PUBACKs); its deliveries/s count until the consumer's last
-arrival, and it has no lag figure. See ``broker_bench.py``.
+arrival, and it has no lag figure. See ``broker_bench.py``. (``--ordering per-key`` is for the
+HTTP destination only.)
 
 Run it with the project's interpreter (needs the project installed and Redis on 127.0.0.1:6379)::
 
     python scripts/bench_relay.py [--json] [--events 5000] [--concurrency 50]
-        [--destination http|amqp|nats|mqtt]
+        [--destination http|amqp|nats|mqtt] [--ordering none|per-key] [--keys N]
 """
 
 from __future__ import annotations
@@ -64,6 +89,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import secrets
 import signal
 import sqlite3
@@ -71,6 +97,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -83,6 +111,7 @@ import redis.asyncio
 from arq.constants import health_check_key_suffix
 from benchlib import (
     HOST,
+    KIND_MIX,
     POLL_INTERVAL_SECONDS,
     READY_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
@@ -113,7 +142,9 @@ from relay.destinations.http import USER_AGENT, new_http_client
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
 from relay.jobs import QUEUE_NAME
+from relay.order_keys import platform_id
 from relay.services import HTTP_LIMITS
+from relay.simulator import factories
 
 REDIS_PORT = 6379
 SINK_PATH = "/relay"
@@ -129,6 +160,52 @@ KIND_BY_PATH = {
     "/conversations": "conversations.status",  # KIND_MIX only sends MessageStatus events there
     "/tts/events": "tts.event",
 }
+ORDERINGS = ("none", "per-key")
+# --keys: the mix's kinds whose dedup key has a second field besides the platform id, and the
+# names of both fields (an inbound SMS and a number lookup are keyed by their requestId alone:
+# two of them with one requestId would be one event to the receivers).
+KEYED_FIELDS = {
+    "/sms/dlr": ("requestId", "status"),
+    "/conversations": ("messageId", "event"),
+    "/tts/events": ("callId", "status"),
+}
+
+
+# --- events --------------------------------------------------------------------------------------
+
+
+def build_keyed_events(count: int, seed: int, keys: int) -> list[Event]:
+    """``count`` distinct callbacks sharing ``keys`` platform ids: event i has key i % keys.
+
+    Drawn from the kinds of :data:`KEYED_FIELDS` with their weights in ``KIND_MIX``; the second
+    dedup field (status, event name) gets the event's place in its key's line as a suffix, so
+    that the receivers take each one for a new event."""
+    rng = random.Random(seed)
+    mix = [entry for entry in KIND_MIX if entry[0] in KEYED_FIELDS]
+    picks = rng.choices(mix, weights=[weight for _, weight, _ in mix], k=count)
+    key_rng = random.Random(f"{seed}/keys")
+    names = [
+        str(uuid.UUID(int=key_rng.getrandbits(128), version=4)) for _ in range(min(keys, count))
+    ]
+    events = []
+    for number, (path, _, make) in enumerate(picks):
+        payload = make(rng)
+        key_field, name_field = KEYED_FIELDS[path]
+        key = names[number % keys]
+        overrides = {key_field: key, name_field: f"{payload[name_field]}-{number // keys}"}
+        if isinstance(payload.get("href"), str):  # an SMS report's link names its requestId
+            overrides["href"] = payload["href"].replace(payload[key_field], key)
+        body = json.dumps(factories.apply_overrides(payload, overrides)).encode()
+        events.append(Event(path, body))
+    if len({event.body for event in events}) != count:
+        raise BenchError("the keyed events are not all distinct")
+    return events
+
+
+def order_keys(events: Sequence[Event]) -> list[str | None]:
+    """The order key of each event at a destination with the default ``order_key``: its
+    platform id (None: it has none, and is delivered without waiting for any other)."""
+    return [platform_id(KIND_BY_PATH[event.path], json.loads(event.body)) for event in events]
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -165,6 +242,24 @@ class Arrivals:
     @property
     def duplicates(self) -> int:
         return self.requests - len(self.first)
+
+    def out_of_order(self, key_of: dict[str, str]) -> int:
+        """Events that first arrived before an event of their key received earlier (by
+        ``received_at``, then the event id); events without a key or a time do not count."""
+        lines: dict[str, list[tuple[float, str, float]]] = defaultdict(list)
+        for event_id, key in key_of.items():
+            if event_id in self.first and event_id in self.received_at:
+                lines[key].append((self.received_at[event_id], event_id, self.first[event_id]))
+        count = 0
+        for line in lines.values():
+            line.sort()
+            latest = -math.inf  # the latest first arrival of the events received before
+            for _, _, arrived in line:
+                if arrived < latest:
+                    count += 1
+                else:
+                    latest = arrived
+        return count
 
 
 @dataclass
@@ -203,6 +298,8 @@ class Relayed:
     lag_max_ms: float
     lag_missing: int
     cpu: dict[str, float]
+    ordering: str
+    out_of_order: int
     deliveries: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -220,13 +317,54 @@ class Relayed:
         elapsed = self.last_arrival - self.first_arrival
         return (self.delivered - 1) / elapsed if elapsed > 0 and self.delivered > 1 else 0.0
 
+    @property
+    def failed(self) -> bool:
+        """Events lost or not acknowledged, or a per-key run out of order."""
+        wrong_order = self.ordering == "per-key" and self.out_of_order > 0
+        return self.lost > 0 or self.acked < self.events or wrong_order
+
+    def as_json(self) -> dict[str, Any]:
+        """The figures of one relay run (for ``runs`` in the JSON report)."""
+        return {
+            "ordering": self.ordering,
+            "dps": round(self.dps, 1),
+            "lag_p50_ms": round(self.lag_p50_ms, 1),
+            "lag_p99_ms": round(self.lag_p99_ms, 1),
+            "out_of_order": self.out_of_order,
+            "lost": self.lost,
+            "acked": self.acked,
+            "delivered": self.delivered,
+            "duplicates": self.duplicates,
+            "ingest_eps": round(self.ingest_eps, 1),
+            "relay_only_dps": round(self.relay_only_dps, 1),
+            "cpu": {name: round(s, 2) for name, s in self.cpu.items() if not math.isnan(s)},
+            "deliveries": self.deliveries,
+        }
+
 
 @dataclass
 class Report:
     args: argparse.Namespace
     baseline: Baseline
     relayed: Relayed
+    """The relay's run with ``--ordering``."""
     baseline_after: Baseline
+    unordered: list[Relayed] = field(default_factory=list)
+    """With ``--ordering per-key``: the runs with ``ordering = "none"`` before and after it."""
+
+    @property
+    def runs(self) -> list[Relayed]:
+        """Every relay run, in the order they ran."""
+        return [*self.unordered[:1], self.relayed, *self.unordered[1:]]
+
+    @property
+    def none_dps(self) -> float:
+        """The mean deliveries/s of the ``none`` runs around the per-key one."""
+        return sum(r.dps for r in self.unordered) / len(self.unordered) if self.unordered else 0.0
+
+    @property
+    def ordering_ratio(self) -> float:
+        return self.relayed.dps / self.none_dps if self.none_dps else 0.0
 
     @property
     def baseline_dps(self) -> float:
@@ -244,11 +382,26 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return self.relayed.lost > 0 or self.relayed.acked < self.relayed.events
+        return any(run.failed for run in self.runs)
 
     def as_json(self) -> dict[str, Any]:
         b, r = self.baseline, self.relayed
-        return {
+        ordering: dict[str, Any] = {
+            "ordering": r.ordering,
+            "keys": self.args.keys,
+            "out_of_order": r.out_of_order,
+        }
+        if self.unordered:
+            ordering |= {
+                "ordering_ratio": round(self.ordering_ratio, 3),
+                "dps_per_key": round(r.dps, 1),
+                "dps_none": round(self.none_dps, 1),
+                "dps_none_before": round(self.unordered[0].dps, 1),
+                "dps_none_after": round(self.unordered[-1].dps, 1),
+                "out_of_order_none": [run.out_of_order for run in self.unordered],
+                "lost_none": [run.lost for run in self.unordered],
+            }
+        return ordering | {
             "baseline_dps": round(self.baseline_dps, 1),
             "baseline_dps_before": round(b.dps, 1),
             "baseline_dps_after": round(self.baseline_after.dps, 1),
@@ -277,6 +430,7 @@ class Report:
             "destination": self.args.destination,
             "concurrency": self.args.concurrency,
             "ingest_concurrency": self.args.ingest_concurrency,
+            "runs": [run.as_json() for run in self.runs],
         }
 
     def as_text(self) -> str:
@@ -285,30 +439,49 @@ class Report:
             f"{name} {share:.0%}" for name, share in r.cpu.items() if not math.isnan(share)
         )
         statuses = ", ".join(f"{status} {n}" for status, n in sorted(r.deliveries.items()))
-        return "\n".join(
-            [
-                f"relay benchmark ({self.args.destination}): {r.events} events, "
-                f"worker_concurrency {self.args.concurrency}, "
-                f"{self.args.ingest_concurrency} ingest connections",
-                f"{'target':<24} {'deliveries/s':>12} {'lag p50 ms':>11} {'lag p99 ms':>11}",
-                f"{'a) ' + self.baseline_label:<24} {self.baseline_dps:>12.1f} "
-                f"{ms(b.lag_p50_ms):>11} "
-                f"{ms(b.lag_p99_ms):>11}   (mean of {b.dps:.0f} before and "
-                f"{self.baseline_after.dps:.0f} after b); lag: send -> arrival; client cpu "
-                f"{b.client_cpu:.0%})",
-                f"{'b) serve+worker -> sink':<24} {r.dps:>12.1f} {r.lag_p50_ms:>11.1f} "
-                f"{r.lag_p99_ms:>11.1f}   (lag: received_at -> arrival; max "
-                f"{r.lag_max_ms:.0f})",
-                f"ratio b/a: {self.ratio:.3f}",
-                f"ingest: {r.acked}/{r.events} acked in {r.acked_at - r.started:.2f} s "
-                f"({r.ingest_eps:.0f} events/s); last arrival {r.last_arrival - r.acked_at:.2f} s "
-                f"after the last ack; relay-only rate {r.relay_only_dps:.0f}/s",
-                f"cpu during b) (1.0 = one core): {cpu}",
-                f"deliveries in SQL: {statuses or 'unknown'}",
-                f"lost: {r.lost} (delivered {r.delivered}, duplicates at the sink {r.duplicates}, "
-                f"baseline errors {b.requests - b.ok})",
-            ]
-        )
+        count = self.args.keys
+        keys = "each its own key" if count is None else f"{count} key{'s' if count > 1 else ''}"
+        lines = [
+            f"relay benchmark ({self.args.destination}): {r.events} events ({keys}), "
+            f"worker_concurrency {self.args.concurrency}, "
+            f"{self.args.ingest_concurrency} ingest connections, ordering {r.ordering}",
+            f"{'target':<26} {'deliveries/s':>12} {'lag p50 ms':>11} {'lag p99 ms':>11}",
+            f"{'a) ' + self.baseline_label:<26} {self.baseline_dps:>12.1f} "
+            f"{ms(b.lag_p50_ms):>11} "
+            f"{ms(b.lag_p99_ms):>11}   (mean of {b.dps:.0f} before and "
+            f"{self.baseline_after.dps:.0f} after b); lag: send -> arrival; client cpu "
+            f"{b.client_cpu:.0%})",
+        ]
+        for run in self.runs:
+            label = (
+                "b) serve+worker -> sink" if not self.unordered else f"b) ordering {run.ordering}"
+            )
+            lines.append(
+                f"{label:<26} {run.dps:>12.1f} {run.lag_p50_ms:>11.1f} "
+                f"{run.lag_p99_ms:>11.1f}   (lag: received_at -> arrival; max "
+                f"{run.lag_max_ms:.0f}; out of order {run.out_of_order}; lost {run.lost})"
+            )
+        lines.append(f"ratio b/a: {self.ratio:.3f}")
+        if self.unordered:
+            none = " and ".join(f"{run.dps:.0f}" for run in self.unordered)
+            lines.append(
+                f"ordering_ratio per-key/none: {self.ordering_ratio:.3f} (per-key {r.dps:.0f}, "
+                f"none {self.none_dps:.0f}: mean of {none})"
+            )
+        lines += [
+            f"out_of_order: {r.ordering} {r.out_of_order}"
+            + "".join(f", none {run.out_of_order}" for run in self.unordered),
+            f"ingest ({r.ordering}): {r.acked}/{r.events} acked in {r.acked_at - r.started:.2f} s "
+            f"({r.ingest_eps:.0f} events/s); last arrival {r.last_arrival - r.acked_at:.2f} s "
+            f"after the last ack; relay-only rate {r.relay_only_dps:.0f}/s",
+            f"cpu during b) {r.ordering} (1.0 = one core): {cpu}",
+            f"deliveries in SQL ({r.ordering}): {statuses or 'unknown'}",
+            f"lost: {r.lost} (delivered {r.delivered}, duplicates at the sink {r.duplicates}, "
+            f"baseline errors {b.requests - b.ok})"
+            + "".join(f"; none: lost {run.lost}" for run in self.unordered[:1])
+            + "".join(f", {run.lost}" for run in self.unordered[1:]),
+        ]
+        return "\n".join(lines)
 
 
 def ms(value: float) -> str:
@@ -468,9 +641,10 @@ def flush_redis(url: str) -> None:
         client.close()
 
 
-def http_table(sink_url: str) -> str:
+def http_table(sink_url: str, ordering: str) -> str:
     """The ``[destinations.sink]`` table of the HTTP sink."""
-    return toml_table("destinations.sink", {"type": "http", "url": sink_url, "format": "envelope"})
+    table = {"type": "http", "url": sink_url, "format": "envelope", "ordering": ordering}
+    return toml_table("destinations.sink", table)
 
 
 def write_config(workdir: Path, token: str, args: argparse.Namespace, destination: str) -> Path:
@@ -524,12 +698,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def acked_ids(statuses: Sequence[int], bodies: Sequence[bytes]) -> list[str]:
-    ids = []
+def acked_ids(statuses: Sequence[int], bodies: Sequence[bytes]) -> list[str | None]:
+    """The event id each request was acknowledged with, by request (None: no 2xx with an id)."""
+    ids: list[str | None] = []
     for status, body in zip(statuses, bodies, strict=True):
+        event_id = None
         if 200 <= status < 300:
             with contextlib.suppress(ValueError, KeyError, TypeError):
-                ids.append(str(json.loads(body)["id"]))
+                event_id = str(json.loads(body)["id"])
+        ids.append(event_id)
     return ids
 
 
@@ -537,21 +714,26 @@ async def run_relay(
     args: argparse.Namespace,
     workdir: Path,
     events: Sequence[Event],
+    keys: Sequence[str | None],
     sink: Sink | BrokerSink,
     servers: list[Server],
     deadline: float,
+    ordering: str,
+    profile_suffix: str = "",
 ) -> Relayed:
-    """Start `relay serve` and one `relay worker`, push the events in, wait for them at the
-    sink. The processes are added to ``servers``; the caller stops them."""
+    """Start `relay serve` and one `relay worker` (destination ``ordering`` as given), push the
+    events in, wait for them at the sink. ``keys``: each event's order key. The processes are
+    added to ``servers``; the caller stops them."""
     token = secrets.token_urlsafe(24)
-    table = sink.table() if isinstance(sink, BrokerSink) else http_table(sink.url)
+    table = sink.table() if isinstance(sink, BrokerSink) else http_table(sink.url, ordering)
     config = write_config(workdir, token, args, table)
     port = free_port()
-    argv = profiled(relay_argv(port, config), args.profile, "serve")
+    argv = profiled(relay_argv(port, config), args.profile, "serve" + profile_suffix)
     serve = start_server("serve", argv, port, workdir, relay_env())
     servers.append(serve)
     await wait_ready(serve, "/readyz")  # SQLite is migrated before it answers
-    argv = profiled([*relay_command(), "worker", "--config", str(config)], args.profile, "worker")
+    worker_argv = [*relay_command(), "worker", "--config", str(config)]
+    argv = profiled(worker_argv, args.profile, "worker" + profile_suffix)
     worker = start_server("worker", argv, 0, workdir, relay_env())
     servers.append(worker)
     await wait_worker(worker, redis_url(args.redis_db))
@@ -573,7 +755,8 @@ async def run_relay(
         finally:
             close_connections(connections)
         acked_at = time.time()
-        acked = acked_ids(phase.statuses, phase.bodies)
+        ids = acked_ids(phase.statuses, phase.bodies)
+        acked = [event_id for event_id in ids if event_id is not None]
 
         # Bounded wait: until the sink has seen as many distinct ids as were acked.
         limit = min(time.monotonic() + args.drain_timeout, deadline - RECORDS_MARGIN_SECONDS)
@@ -606,6 +789,11 @@ async def run_relay(
         if event_id in arrivals.received_at
     )
     times = [arrivals.first[event_id] for event_id in delivered]
+    key_of = {
+        event_id: key
+        for event_id, key in zip(ids, keys, strict=True)
+        if event_id is not None and key is not None
+    }
     return Relayed(
         events=len(events),
         acked=len(acked),
@@ -621,6 +809,8 @@ async def run_relay(
         lag_max_ms=lags[-1] if lags else math.nan,
         lag_missing=len(delivered) - len(lags),
         cpu=cpu,
+        ordering=ordering,
+        out_of_order=arrivals.out_of_order(key_of),
     )
 
 
@@ -670,11 +860,18 @@ def stop_all(servers: list[Server], *, interrupt: bool = False) -> None:
 
 def run(args: argparse.Namespace, workdir: Path) -> Report:
     deadline = time.monotonic() + args.timeout
-    events = build_events(args.events, args.seed)
+    if args.keys is None:
+        events = build_events(args.events, args.seed)
+    else:
+        events = build_keyed_events(args.events, args.seed, args.keys)
+    keys = order_keys(events)
     envelopes = build_envelopes(events)
     url = redis_url(args.redis_db)
+    # With per-key ordering: none, per-key, none, each on a database and processes of its own.
+    orderings = ["none", "per-key", "none"] if args.ordering == "per-key" else [args.ordering]
     servers: list[Server] = []
     sink: Sink | BrokerSink | None = None
+    runs: list[Relayed] = []
     with sigterm_interrupts():
         try:
             try:
@@ -683,11 +880,37 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                 raise BenchError(f"Redis at {url} is not usable: {exc}") from None
             sink = open_sink(args.destination, workdir, servers)
             baseline = measure_baseline(sink, envelopes, args.concurrency, deadline)
-            # b) the load generator on uvloop (when installed), as bench_ingest drives it
-            with asyncio.Runner(loop_factory=loop_factory()) as runner:
-                relayed = runner.run(
-                    bounded(run_relay(args, workdir, events, sink, servers, deadline), deadline)
-                )
+            for number, ordering in enumerate(orderings, 1):
+                rundir, suffix = workdir, ""
+                if len(orderings) > 1:
+                    suffix = f"-{number}-{ordering}"
+                    rundir = workdir / f"run{suffix}"
+                    rundir.mkdir()
+                relay_servers: list[Server] = []
+                try:
+                    # b) the load generator on uvloop (when installed), as bench_ingest drives it
+                    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+                        relayed = runner.run(
+                            bounded(
+                                run_relay(
+                                    args,
+                                    rundir,
+                                    events,
+                                    keys,
+                                    sink,
+                                    relay_servers,
+                                    deadline,
+                                    ordering,
+                                    suffix,
+                                ),
+                                deadline,
+                            )
+                        )
+                finally:
+                    stop_all(relay_servers, interrupt=args.profile is not None)
+                relayed.deliveries = delivery_counts(rundir / "relay.db")
+                runs.append(relayed)
+                flush_redis(url)  # the next worker starts on an empty queue
             baseline_after = measure_baseline(sink, envelopes, args.concurrency, deadline)
         finally:
             stop_all(servers, interrupt=args.profile is not None)
@@ -695,8 +918,9 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                 flush_redis(url)
             if isinstance(sink, BrokerSink):
                 asyncio.run(sink.close())
-    relayed.deliveries = delivery_counts(workdir / "relay.db")
-    return Report(args, baseline, relayed, baseline_after)
+    if len(runs) > 1:
+        return Report(args, baseline, runs[1], baseline_after, [runs[0], runs[2]])
+    return Report(args, baseline, runs[0], baseline_after)
 
 
 def open_sink(destination: str, workdir: Path, servers: list[Server]) -> Sink | BrokerSink:
@@ -756,7 +980,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="DIR",
         help="run serve and worker under cProfile, writing DIR/serve.prof and DIR/worker.prof "
-        "(slows them down: for finding hot spots, not for figures)",
+        "(with --ordering per-key: DIR/serve-1-none.prof, DIR/worker-2-per-key.prof, ... one "
+        "pair per relay run; slows them down: for finding hot spots, not for figures)",
     )
     parser.add_argument(
         "--destination",
@@ -765,10 +990,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="http: the HTTP sink; amqp, nats, mqtt: the machine's broker, read back by its own "
         "consumer (default: http)",
     )
+    parser.add_argument(
+        "--ordering",
+        choices=ORDERINGS,
+        default="none",
+        help="the destination's ordering; per-key also runs the relay with none before and "
+        "after it on the same events and prints ordering_ratio = per-key deliveries/s / the "
+        "mean of none's (default: none)",
+    )
+    parser.add_argument(
+        "--keys",
+        type=at_least(1),
+        default=None,
+        metavar="N",
+        help="the events share N platform ids (event i gets key i %% N; drawn from the kinds "
+        "that can repeat a platform id: SMS reports, Conversations statuses, call events); "
+        "default: every event its own platform id, from the full mix",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.ingest_concurrency is None:
         args.ingest_concurrency = args.concurrency
+    if args.ordering != "none" and args.destination != "http":
+        parser.error("--ordering per-key is for --destination http only")
     return args
 
 
