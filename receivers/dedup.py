@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from receivers.kinds import Kind
+from receivers.kinds import KINDS_BY_NAME, Kind, kind_for
 from receivers.store.records import body_hash
 
 MAX_KEY_LENGTH = 200
@@ -49,3 +49,11 @@ def platform_refs(kind: Kind, payload: Mapping[str, Any]) -> tuple[str | None, s
     platform_id = values[0] if values else None
     event_name = values[1].lower() if len(values) > 1 and values[1] else None
     return platform_id, event_name
+
+
+def platform_refs_of(kind_name: str, payload: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """:func:`platform_refs` of a stored event, by its kind's name: the row its payload matches
+    (a legacy SMS report's ``msgid`` and ``stat``), both None for an unknown kind."""
+    if kind_name not in KINDS_BY_NAME:
+        return None, None
+    return platform_refs(kind_for(kind_name, payload), payload)

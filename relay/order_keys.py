@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from string import Formatter
 from typing import Any
 
-from receivers.dedup import platform_refs
-from receivers.kinds import KINDS_BY_NAME, kind_for
+from receivers.dedup import platform_refs_of
 
 DEFAULT_ORDER_KEY = "{platform_id}"
 MAX_KEY_LENGTH = 200
@@ -59,18 +58,11 @@ def _value(field: str, kind: str, source: str, payload: Mapping[str, Any]) -> st
     if field == "source":
         return source
     if field == "platform_id":
-        return platform_id(kind, payload)
+        return platform_refs_of(kind, payload)[0]
     value = payload.get(field.removeprefix(PAYLOAD_PREFIX))
     if value is None or isinstance(value, dict | list) or value == "":
         return None
     return str(value)
-
-
-def platform_id(kind: str, payload: Mapping[str, Any]) -> str | None:
-    """The platform id the receivers stored for this event (``received_events.platform_id``)."""
-    if kind not in KINDS_BY_NAME:
-        return None
-    return platform_refs(kind_for(kind, payload), payload)[0]
 
 
 def _parse(text: str) -> list[tuple[str, str | None]]:

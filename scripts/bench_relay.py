@@ -138,11 +138,11 @@ from benchlib import (
 )
 from broker_bench import BROKERS, BrokerSink, toml_table
 
+from receivers.dedup import platform_refs_of
 from relay.destinations.http import USER_AGENT, new_http_client
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
 from relay.jobs import QUEUE_NAME
-from relay.order_keys import platform_id
 from relay.services import HTTP_LIMITS
 from relay.simulator import factories
 
@@ -205,7 +205,9 @@ def build_keyed_events(count: int, seed: int, keys: int) -> list[Event]:
 def order_keys(events: Sequence[Event]) -> list[str | None]:
     """The order key of each event at a destination with the default ``order_key``: its
     platform id (None: it has none, and is delivered without waiting for any other)."""
-    return [platform_id(KIND_BY_PATH[event.path], json.loads(event.body)) for event in events]
+    return [
+        platform_refs_of(KIND_BY_PATH[event.path], json.loads(event.body))[0] for event in events
+    ]
 
 
 # --- results -----------------------------------------------------------------------------------

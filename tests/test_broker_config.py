@@ -227,3 +227,11 @@ def _loaded_by_a_fresh_import() -> set[str]:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     return set(found.stdout.split())
+
+
+def test_a_legacy_report_names_and_heads_by_its_msgid_and_stat() -> None:
+    """A legacy SMS report has ``msgid``/``stat`` where the current one has
+    ``requestId``/``status``: its platform id and event come from its own row of the kind."""
+    legacy = outbound("sms.dlr", payload={"msgid": "m-7", "stat": "DELIVRD", "to": "49151"})
+    assert NameTemplate("{platform_id}.{event}").render(legacy) == "m-7.delivrd"
+    assert MessageHeaders([]).for_message(legacy, b"{}", None)["event"] == "delivrd"

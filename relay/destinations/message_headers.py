@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from receivers.dedup import platform_refs
-from receivers.kinds import KINDS_BY_NAME
+from receivers.dedup import platform_refs_of
 from relay.destinations.outbound import Outbound
 from relay.destinations.signing import Signer
 
@@ -38,8 +37,7 @@ class MessageHeaders:
         }
         if content_type:
             headers["content-type"] = header_text(content_type)
-        kind = KINDS_BY_NAME.get(outbound.kind)
-        event = platform_refs(kind, outbound.payload)[1] if kind else None
+        event = platform_refs_of(outbound.kind, outbound.payload)[1]
         if event:
             headers["event"] = header_text(event)
         if self._signer is not None:

@@ -13,7 +13,7 @@ A template is text with fields in braces, as in ``"callbacks.{kind}.{source}"``:
 Every value but ``kind`` is reduced to letters, digits, ``_`` and ``-`` (anything else becomes
 ``_``) and cut to :data:`VALUE_LENGTH` characters, so a value from a callback can never add a
 separator, a wildcard or a control character to a name. An ``event`` or ``platform_id`` that
-is absent, or not short printable text (see :func:`receivers.dedup.platform_refs`), is
+is absent, or not short printable text (see :func:`receivers.dedup.platform_refs_of`), is
 ``none``.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from string import Formatter
 
-from receivers.dedup import platform_refs
+from receivers.dedup import platform_refs_of
 from receivers.kinds import KINDS_BY_NAME
 from relay.destinations.outbound import Outbound
 
@@ -47,8 +47,7 @@ class NameTemplate:
 
     def render(self, outbound: Outbound) -> str:
         """The name for one event."""
-        kind = KINDS_BY_NAME.get(outbound.kind)
-        platform_id, event = platform_refs(kind, outbound.payload) if kind else (None, None)
+        platform_id, event = platform_refs_of(outbound.kind, outbound.payload)
         values = {
             "kind": outbound.kind,
             "source": safe_value(outbound.source),
