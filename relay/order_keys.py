@@ -8,19 +8,22 @@ An order key is a template over the event, with fields in braces:
 - ``kind`` and ``source``: the event's kind and the source that received it;
 - ``payload.NAME``: the top-level field ``NAME`` of the callback's payload (``payload.to``).
 
-An event whose template names a field it does not have (absent, empty, or not a single value)
-has no key: it is delivered without waiting for any other. A key longer than
-:data:`MAX_KEY_LENGTH` characters, or with control characters, is stored as its SHA-256.
+A string value goes into the key as it is, a number or a boolean as its JSON text (``true``,
+``1.5e+308``). An event whose template names a field it does not have (absent, null, empty, an
+object or an array) has no key: it is delivered without waiting for any other. A key longer
+than :data:`MAX_KEY_LENGTH` characters, or with characters that are not printable, is stored as
+its SHA-256.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from string import Formatter
 from typing import Any
 
-from receivers.dedup import platform_refs_of
+from receivers.kinds import KINDS_BY_NAME, kind_for
 
 DEFAULT_ORDER_KEY = "{platform_id}"
 MAX_KEY_LENGTH = 200
@@ -58,11 +61,20 @@ def _value(field: str, kind: str, source: str, payload: Mapping[str, Any]) -> st
     if field == "source":
         return source
     if field == "platform_id":
-        return platform_refs_of(kind, payload)[0]
-    value = payload.get(field.removeprefix(PAYLOAD_PREFIX))
-    if value is None or isinstance(value, dict | list) or value == "":
-        return None
-    return str(value)
+        if kind not in KINDS_BY_NAME:
+            return None
+        return _text(payload.get(kind_for(kind, payload).dedup_fields[0]))
+    return _text(payload.get(field.removeprefix(PAYLOAD_PREFIX)))
+
+
+def _text(value: Any) -> str | None:
+    """A field's value as key text: a string as it is, a number or boolean as its JSON text;
+    None for null, the empty string, an object or an array (no key)."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return None
 
 
 def _parse(text: str) -> list[tuple[str, str | None]]:
@@ -75,7 +87,7 @@ def _parse(text: str) -> list[tuple[str, str | None]]:
     parts: list[tuple[str, str | None]] = []
     for literal, field, spec, conversion in parsed:
         if field is not None and (spec or conversion):
-            raise ValueError(f"{{{field}}}: formats and conversions are not supported")
+            raise ValueError(f"{text!r}: formats and conversions are not supported")
         if field is not None and not _known(field):
             raise ValueError(
                 f"{{{field}}} is not a field: use {{platform_id}}, {{kind}}, {{source}} or "

@@ -95,6 +95,20 @@ async def test_a_later_event_waits_while_an_earlier_one_is_retried(
     assert rows[accepted.id] == rows[delivered.id] == SUCCEEDED and rows[other.id] == PENDING
 
 
+async def test_a_request_id_too_long_to_search_by_still_keeps_its_line(
+    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+) -> None:
+    """The store keeps no platform id longer than 200 characters; the key is its hash."""
+    long_id = "Q" * 257
+    await store(engine, clock, dlr(long_id, "ACCEPTED"), dlr(long_id, "DELIVERED"))
+    accepted, delivered = await ordered.route_all()
+    sink.answers["/hook"] = Answer(503)
+    await ordered.deliverer.attempt_many([accepted.id, delivered.id])
+    assert seen(sink) == [(long_id, "ACCEPTED")]
+    rows = await inspect.list_deliveries(engine, limit=10)
+    assert {r["order_key"][:7] for r in rows} == {"sha256:"}
+
+
 async def test_one_claim_takes_only_the_first_of_a_line(
     engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
 ) -> None:
