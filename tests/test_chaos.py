@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -88,27 +89,31 @@ def run_chaos(*args: str) -> tuple[int, str, str]:
     return process.returncode, stdout, stderr
 
 
-@pytest.mark.slow
-def test_nothing_is_lost_under_faults(private_redis_url: str) -> None:
-    require_services(private_redis_url)
+def chaos_report(redis_url: str, *args: str) -> dict[str, Any]:
+    """A run of the script with ``args`` on the test's Redis and PostgreSQL, ``--json``,
+    ``--timeout`` and ``--flush`` as the module sets them; exit 0 required; its report."""
     status, stdout, stderr = run_chaos(
-        "--events",
-        str(EVENTS),
+        *args,
         "--json",
         "--timeout",
         str(RUN_TIMEOUT_S),
-        "--ingest-seconds",
-        "30",
         "--flush",
         FLUSH,
         "--redis-url",
-        private_redis_url,
+        redis_url,
         "--pg-admin-dsn",
         PG_ADMIN_DSN,
     )
     assert status == 0, f"exit status {status}\n{stderr[-4000:]}\n{stdout[-4000:]}"
-    report = json.loads(stdout)
+    report: dict[str, Any] = json.loads(stdout)
     print(json.dumps(report, indent=1))  # shown with -rP, or when an assertion fails
+    return report
+
+
+@pytest.mark.slow
+def test_nothing_is_lost_under_faults(private_redis_url: str) -> None:
+    require_services(private_redis_url)
+    report = chaos_report(private_redis_url, "--events", str(EVENTS), "--ingest-seconds", "30")
 
     assert report["lost"] == 0, report["lost_ids"]
     assert report["settled"]
@@ -138,28 +143,11 @@ def test_per_key_order_holds_under_faults(private_redis_url: str) -> None:
     reports, a call's events, a Conversations message's statuses)."""
     require_services(private_redis_url)
     events = PER_KEY_EVENTS
-    status, stdout, stderr = run_chaos(
-        "--ordering",
-        "per-key",
-        "--events",
-        str(events),
-        "--json",
-        "--timeout",
-        str(RUN_TIMEOUT_S),
-        "--ingest-seconds",
-        "20",
-        "--fault-seconds",
-        "2",
-        "--flush",
-        FLUSH,
-        "--redis-url",
+    report = chaos_report(
         private_redis_url,
-        "--pg-admin-dsn",
-        PG_ADMIN_DSN,
+        *("--ordering", "per-key", "--events", str(events)),
+        *("--ingest-seconds", "20", "--fault-seconds", "2"),
     )
-    assert status == 0, f"exit status {status}\n{stderr[-4000:]}\n{stdout[-4000:]}"
-    report = json.loads(stdout)
-    print(json.dumps(report, indent=1))
 
     assert report["ordering"] == "per-key"
     assert report["lost"] == 0, report["lost_ids"]
@@ -181,28 +169,11 @@ def test_nothing_is_lost_when_the_broker_goes_away(private_redis_url: str) -> No
     stream drops every retried publish, so each event is read exactly once."""
     require_services(private_redis_url)
     events = 600
-    status, stdout, stderr = run_chaos(
-        "--destination",
-        "nats",
-        "--events",
-        str(events),
-        "--json",
-        "--timeout",
-        str(RUN_TIMEOUT_S),
-        "--ingest-seconds",
-        "20",
-        "--fault-seconds",
-        "2",
-        "--flush",
-        FLUSH,
-        "--redis-url",
+    report = chaos_report(
         private_redis_url,
-        "--pg-admin-dsn",
-        PG_ADMIN_DSN,
+        *("--destination", "nats", "--events", str(events)),
+        *("--ingest-seconds", "20", "--fault-seconds", "2"),
     )
-    assert status == 0, f"exit status {status}\n{stderr[-4000:]}\n{stdout[-4000:]}"
-    report = json.loads(stdout)
-    print(json.dumps(report, indent=1))
 
     assert report["destination"] == "nats"
     assert report["lost"] == 0, report["lost_ids"]
