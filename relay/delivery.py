@@ -212,21 +212,15 @@ class Deliverer:
         self, conn: AsyncConnection, records: list[AttemptRecord]
     ) -> list[Recorded]:
         owned = await outbox.record_on(conn, records)
-        finished = [
-            record.claimed.delivery
+        ended = [
+            mine and record.status in (SUCCEEDED, DEAD)
             for record, mine in zip(records, owned, strict=True)
-            if mine and record.status in (SUCCEEDED, DEAD)
         ]
+        finished = [r.claimed.delivery for r, end in zip(records, ended, strict=True) if end]
         lines = await outbox.next_in_line(conn, finished, self._clock()) if finished else {}
         return [
-            Recorded(
-                mine,
-                lines.get((delivery.destination, delivery.order_key))
-                if mine and record.status in (SUCCEEDED, DEAD)
-                else None,
-            )
-            for record, mine in zip(records, owned, strict=True)
-            for delivery in [record.claimed.delivery]
+            Recorded(mine, lines.get(_line(record)) if end else None)
+            for record, mine, end in zip(records, owned, ended, strict=True)
         ]
 
     async def _record_alone(self, record: AttemptRecord) -> Recorded | BaseException:
@@ -398,6 +392,11 @@ def _attempt_outcome(outcome: Outcome) -> str:
     if outcome.ok:
         return SUCCEEDED_ATTEMPT
     return GONE_ATTEMPT if outcome.gone else FAILED_ATTEMPT
+
+
+def _line(record: AttemptRecord) -> tuple[str, str]:
+    delivery = record.claimed.delivery
+    return delivery.destination, delivery.order_key
 
 
 def _health(row: Any) -> DestinationHealth:
