@@ -53,6 +53,50 @@ class Recorded:
     next_in_line: Due | None = None
 
 
+class Slots:
+    """The worker's bounds on its attempts: at most ``concurrency`` sends at once (from before
+    the send to its answer), and at most twice that many attempts not yet recorded (those sends
+    and the answers waiting for their group transaction). The second bound is what a killed
+    worker can send again."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._sending = asyncio.Semaphore(concurrency)
+        self._unrecorded = asyncio.Semaphore(2 * concurrency)
+
+    def free_now(self) -> bool:
+        """Whether :meth:`take` would not wait."""
+        return not (self._sending.locked() or self._unrecorded.locked())
+
+    async def take(self) -> Slot:
+        await self._unrecorded.acquire()
+        try:
+            await self._sending.acquire()
+        except BaseException:
+            self._unrecorded.release()
+            raise
+        return Slot(self._sending, self._unrecorded)
+
+
+class Slot:
+    """One attempt's place in :class:`Slots`: :meth:`answered` gives back its send,
+    :meth:`free` all it still holds (each once, however often they are called)."""
+
+    def __init__(self, sending: asyncio.Semaphore, unrecorded: asyncio.Semaphore) -> None:
+        self._sending: asyncio.Semaphore | None = sending
+        self._unrecorded: asyncio.Semaphore | None = unrecorded
+
+    def answered(self) -> None:
+        if self._sending is not None:
+            self._sending.release()
+            self._sending = None
+
+    def free(self) -> None:
+        self.answered()
+        if self._unrecorded is not None:
+            self._unrecorded.release()
+            self._unrecorded = None
+
+
 @dataclass(frozen=True)
 class Target:
     """A configured destination: the sender and its timeout."""
@@ -70,12 +114,15 @@ class Deliverer:
     """Attempts deliveries; shared by every job of one worker. ``lease`` must outlast any
     attempt (the longest destination timeout plus a margin): see :func:`attempt_lease`.
 
-    At most ``concurrency`` attempts run at once. A lone attempt takes its slot before its
-    claim; a batch (:meth:`attempt_many`) is claimed up front and each of its attempts waits at
-    most half the lease margin for a slot, so no lease runs out before its attempt ends. The
-    claims, records and releases of concurrent attempts share transactions
-    (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics``
-    (a private registry by default)."""
+    At most ``concurrency`` attempts are sent at once: an attempt holds a slot from before its
+    send until its answer is in; its record then waits for its group transaction without it, so
+    the worker keeps sending while records are written (at most ``2 * concurrency`` attempts
+    unrecorded at once: what a killed worker sends again, see :class:`Slots`). A lone attempt
+    takes its slot before its claim; a batch (:meth:`attempt_many`) is claimed up front and each
+    of its attempts waits at most half the lease margin for a slot, so no lease runs out before
+    its attempt ends. The claims, records and releases of concurrent attempts share transactions
+    (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics`` (a
+    private registry by default)."""
 
     def __init__(
         self,
@@ -95,7 +142,7 @@ class Deliverer:
         self._clock = clock
         self._rng = rng or random.Random()
         self._lease = lease
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = Slots(concurrency)
         longest = max((t.timeout for t in targets.values()), default=timedelta(0))
         self._start_window = max(lease - longest, timedelta(0)).total_seconds() / 2
         self._outbox: Coalescer[OutboxRequest, Claim | Recorded | None] = Coalescer(
@@ -109,12 +156,16 @@ class Deliverer:
         (A job this attempt's end makes due for the next delivery of its per-key line is not
         returned: the sweeper enqueues it. :meth:`attempt_many`, which the worker uses, returns
         those too.)"""
-        async with self._slots:
+        slot = await self._slots.take()
+        try:
             claimed = await self._outbox.submit(delivery_id)
             assert not isinstance(claimed, Recorded)
             if claimed is None:
                 return None
-            return next((d for d in await self._attempt(claimed) if d.id == delivery_id), None)
+            jobs = await self._attempt(claimed, slot)
+            return next((d for d in jobs if d.id == delivery_id), None)
+        finally:
+            slot.free()
 
     async def attempt_many(self, delivery_ids: Sequence[str]) -> list[Due]:
         """Attempt each delivery that is due and free (concurrently, within the worker's
@@ -145,11 +196,11 @@ class Deliverer:
         if isinstance(claimed, BaseException):
             raise claimed
         try:
-            if self._slots.locked():
-                async with asyncio.timeout_at(deadline):
-                    await self._slots.acquire()
+            if self._slots.free_now():
+                slot = await self._slots.take()  # at once
             else:
-                await self._slots.acquire()  # at once
+                async with asyncio.timeout_at(deadline):
+                    slot = await self._slots.take()
         except TimeoutError:
             await self._outbox.submit(Release(claimed))
             delivery = claimed.delivery
@@ -157,9 +208,9 @@ class Deliverer:
             # sweeper looks for (see :func:`relay.jobs.deliver_job_id`)
             return [Due(delivery.id, delivery.attempts, delivery.next_attempt_at)]
         try:
-            return await self._attempt(claimed)
+            return await self._attempt(claimed, slot)
         finally:
-            self._slots.release()
+            slot.free()
 
     async def _outbox_group(
         self, items: list[OutboxRequest]
@@ -230,9 +281,10 @@ class Deliverer:
         except Exception as exc:
             return exc
 
-    async def _attempt(self, claimed: Claim) -> list[Due]:
-        """Attempt a claimed delivery; returns its next job and the one its end lets go next,
-        if they are needed."""
+    async def _attempt(self, claimed: Claim, slot: Slot) -> list[Due]:
+        """Attempt a claimed delivery in its ``slot``, which is freed once the answer is in
+        (the record waits for its group without holding it); returns its next job and the
+        one its end lets go next, if they are needed."""
         now = self._clock()
         delivery = claimed.delivery
         target = self._targets.get(delivery.destination)
@@ -262,6 +314,7 @@ class Deliverer:
             return []
         policy = self._policies.get(delivery.policy) or self._policies[FALLBACK_POLICY]
         outcome = await self._send(claimed, target, policy)
+        slot.answered()
         return await self._record(claimed, policy, outcome)
 
     async def _send(

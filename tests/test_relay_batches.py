@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import Coalescer
 from relay import inspect, outbox
+from relay.delivery import Slot, Slots
 from relay.destinations.http import new_http_client
 from relay.destinations.shards import ShardedTransport
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
@@ -142,6 +143,72 @@ async def test_attempts_without_a_slot_in_time_come_back_as_jobs_of_their_own(
         assert rounds == 2 and len(sink.requests) == 3
     finally:
         await relay.aclose()
+
+
+async def test_a_slot_is_free_once_the_answer_is_in_while_its_record_waits(
+    engine: AsyncEngine, clock: Clock, sink: Sink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relay = Relay(engine, {"crm": {"type": "http", "url": sink.url()}}, clock, concurrency=1)
+    records_may_go = asyncio.Event()
+    record_on = outbox.record_on
+
+    async def held_record(conn: Any, records: Any) -> Any:
+        await records_may_go.wait()
+        return await record_on(conn, records)
+
+    monkeypatch.setattr(outbox, "record_on", held_record)
+    try:
+        due = await routed(engine, relay, clock, 2)
+        attempts = asyncio.create_task(relay.deliverer.attempt_many([d.id for d in due]))
+        async with asyncio.timeout(10):
+            while len(sink.requests) < 2:
+                await asyncio.sleep(0.01)
+        # one slot, two sends, not one record written yet: the slot went from answer to send
+        assert not attempts.done()
+        rows = await inspect.list_deliveries(engine, limit=10)
+        assert [r["attempts"] for r in rows] == [0, 0]
+        records_may_go.set()
+        assert await attempts == []
+        rows = await inspect.list_deliveries(engine, limit=10)
+        assert [(r["status"], r["attempts"]) for r in rows] == [(SUCCEEDED, 1)] * 2
+    finally:
+        records_may_go.set()
+        await relay.aclose()
+
+
+async def _settle() -> None:
+    for _ in range(5):  # enough turns of the loop for the woken waiters to run
+        await asyncio.sleep(0)
+
+
+async def _blocked(take: asyncio.Task[Slot]) -> bool:
+    await _settle()  # a free slot is taken within these turns; one still held never is
+    return not take.done()
+
+
+async def test_slots_bound_the_sends_and_the_attempts_not_yet_recorded() -> None:
+    slots = Slots(2)
+    first, second = await slots.take(), await slots.take()
+    third = asyncio.create_task(slots.take())
+    assert await _blocked(third)  # two sends at once
+    first.answered()
+    second.answered()
+    second.answered()  # once, however often
+    fourth = asyncio.create_task(slots.take())
+    await _settle()
+    assert third.done() and fourth.done()
+    fifth = asyncio.create_task(slots.take())
+    assert await _blocked(fifth)  # four unrecorded: two answered, two sending
+    (await third).answered()
+    (await fourth).answered()
+    assert await _blocked(fifth)  # no send in flight, but still four unrecorded
+    first.free()
+    first.free()  # once, however often
+    await _settle()
+    assert fifth.done()
+    for slot in (second, await third, await fourth, await fifth):
+        slot.free()
+    assert slots.free_now()
 
 
 @pytest.mark.slow

@@ -307,7 +307,7 @@ async def test_worker_killed_mid_run_loses_nothing(
             second.terminate()
             await second.wait()
     duplicates = len(sink.requests) - len(ids)
-    assert duplicates <= 4  # at most the attempts in flight when the worker died
+    assert duplicates <= 2 * 4  # at most its unrecorded attempts (2 x worker_concurrency)
 
 
 def _toml(path: Path) -> dict[str, Any]:
