@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -269,6 +270,24 @@ async def test_sharded_pools_keep_the_overall_limits_and_reuse_connections(sink:
         second = await asyncio.gather(*(client.post(sink.url(), content=b"{}") for _ in range(16)))
     assert [a.status_code for a in first + second] == [200] * 40
     assert {r.peer for r in sink.requests} == peers  # kept alive and used again
+
+
+def test_sharded_pools_load_the_ca_store_once_and_verify_certificates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loaded: list[ssl.SSLContext] = []
+    load = ssl.SSLContext.load_verify_locations
+
+    def counted(context: ssl.SSLContext, *args: Any, **kwargs: Any) -> None:
+        loaded.append(context)
+        load(context, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    transport = ShardedTransport(httpx.Limits(max_connections=200))
+    assert transport.shards == 25
+    assert len(loaded) == 1  # not once per pool
+    context = loaded[0]
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
 
 
 async def test_a_worker_does_not_ask_redis_again_about_the_jobs_it_runs(
