@@ -56,6 +56,20 @@ def test_the_documented_minimal_tables_are_valid(table: dict[str, Any]) -> None:
     assert config.secret == []
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://guest:guest@127.0.0.1:5672/?heartbeat=30",
+        "amqp://h/?heartbeat=0&name=relay-worker&auth=PLAIN",
+        "amqps://h/vhost?cafile=/etc/ca.pem&certfile=/c.pem&keyfile=/k.pem&no_verify_ssl=0",
+        "amqps://h/?capath=/etc/ssl/certs&auth=external",
+    ],
+)
+def test_amqp_url_takes_the_connection_parameters_the_client_reads(url: str) -> None:
+    config = parse_destination_config({**AMQP, "url": url})
+    assert isinstance(config, AmqpDestinationConfig) and config.url == url
+
+
 def test_amqp_defaults_and_declare() -> None:
     config = parse_destination_config({**AMQP, "declare": {"queue": "platform-events"}})
     assert isinstance(config, AmqpDestinationConfig)
@@ -73,6 +87,23 @@ def test_amqp_defaults_and_declare() -> None:
         ({**AMQP, "url": "amqp://h:port/"}, "invalid port"),
         ({**AMQP, "url": "amqp://h /"}, "spaces or control characters"),
         ({**AMQP, "url": ["amqp://h/"]}, "valid string"),
+        ({**AMQP, "url": "amqp://h/?heartbeat=abc"}, "heartbeat must be 0 to 65534"),
+        ({**AMQP, "url": "amqp://h/?heartbeat=-5"}, "heartbeat must be 0 to 65534"),
+        ({**AMQP, "url": "amqp://h/?heartbeat=65535"}, "heartbeat must be 0 to 65534"),
+        ({**AMQP, "url": "amqp://h/?heartbeat=%C2%B2"}, "heartbeat must be 0 to 65534"),
+        ({**AMQP, "url": "amqp://h/?heartbeat=30&heartbeat=0"}, "'heartbeat' is given twice"),
+        ({**AMQP, "url": "amqp://h/?heartbeat="}, "'heartbeat' needs a printable value"),
+        ({**AMQP, "url": "amqp://h/?name=%00"}, "'name' needs a printable value"),
+        ({**AMQP, "url": "amqp://h/?heartbeat"}, "name=value pairs"),
+        ({**AMQP, "url": "amqp://h/?timeout=5"}, "'timeout' is not one of heartbeat, name"),
+        ({**AMQP, "url": "amqp://h/?" + "x" * 10_000 + "=1"}, "is not one of"),
+        ({**AMQP, "url": "amqp://h/?cafile=/ca.pem"}, "'cafile' needs an amqps:// url"),
+        ({**AMQP, "url": "amqps://h/?no_verify_ssl=yes"}, "no_verify_ssl must be 0 or 1"),
+        ({**AMQP, "url": "amqps://h/?auth=gssapi"}, "auth must be one of plain"),
+        ({**AMQP, "url": "amqps://h/?auth=amqplain"}, "auth must be one of plain, external"),
+        ({**AMQP, "url": "amqp://h/?heartbeat=" + "9" * 5000}, "heartbeat must be 0 to 65534"),
+        ({**AMQP, "url": "amqp://h/?heartbeat=000030"}, "heartbeat must be 0 to 65534"),
+        ({**AMQP, "url": "amqp://h/?name=" + "n" * 256}, "name must be at most 255"),
         ({**AMQP, "exchange": "x" * 128}, "at most 127 characters"),
         ({**AMQP, "exchange": "a\nb"}, "at most 127 characters"),
         ({**AMQP, "exchange": "événements"}, "at most 127 characters"),
@@ -101,8 +132,8 @@ def test_amqp_defaults_and_declare() -> None:
         ({**MQTT, "client_id_prefix": "é"}, "printable ASCII"),
         ({**MQTT, "client_id_prefix": "x" * 49}, "at most 48"),
         ({**MQTT, "topic": "a/{nope}"}, "{nope} is not a template field"),
-        ({**MQTT, "topic": "a/{kind:>10}"}, "is not a template field"),
-        ({**MQTT, "topic": "a/{kind!r}"}, "is not a template field"),
+        ({**MQTT, "topic": "a/{kind:>10}"}, "formats and conversions are not supported"),
+        ({**MQTT, "topic": "a/{kind!r}"}, "formats and conversions are not supported"),
         ({**MQTT, "topic": "a/{}"}, "is not a template field"),
         ({**MQTT, "topic": "a/{"}, "not a valid template"),
         ({**MQTT, "secret": "not-a-secret"}, "whsec_"),

@@ -7,6 +7,7 @@ while with nothing lost. The bench kit (``scripts/broker_amqp.py``) is exercised
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -664,3 +665,23 @@ def test_kit_refuses_the_default_vhost() -> None:
             control("amqp://guest:guest@127.0.0.1:5672/")
         with pytest.raises(ValueError, match="default vhost"):
             control("amqp://guest:guest@127.0.0.1:5672")
+
+
+async def test_the_url_can_name_the_connection(rabbit: Rabbit, make_destination: Make) -> None:
+    exchange, queue = rabbit.name("named-x"), rabbit.name("named-q")
+    await rabbit.exchange(exchange)
+    await rabbit.queue(queue, exchange)
+    url = f"{rabbit.url}?name=orders%20relay"
+    destination = make_destination(amqp_config(url, exchange=exchange))
+    assert (await destination.deliver(outbound(1), timeout=5)).ok
+    rows = json.loads(
+        rabbitmqctl("list_connections", "vhost", "client_properties", "--formatter", "json")
+    )
+    names = [
+        value
+        for row in rows
+        if row["vhost"] == rabbit.vhost
+        for key, _, value in row["client_properties"]
+        if key == "connection_name"
+    ]
+    assert names == ["orders relay"]

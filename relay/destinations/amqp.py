@@ -193,9 +193,10 @@ class AmqpDestination:
             return exchange
 
     async def _connect(self) -> AbstractConnection:
-        connection = Connection(
-            URL(self._url), client_properties={"connection_name": f"{APP_ID} {self.name}"}
-        )
+        url = URL(self._url)
+        # the url's own ``name``, else one that says whose connection it is
+        named = url.query.get("name") or f"{APP_ID} {self.name}"
+        connection = Connection(url, client_properties={"connection_name": named})
         try:
             await connection.connect()
         except BaseException:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -54,6 +54,52 @@ def broker_url(value: str, schemes: tuple[str, ...], *, query: bool = False) -> 
     if parts.fragment or (parts.query and not query):
         raise ValueError("url cannot hold a query or a fragment")
     return value
+
+
+AMQP_TLS_PARAMETERS = ("cafile", "capath", "certfile", "keyfile", "no_verify_ssl")
+AMQP_AUTH_MECHANISMS = ("plain", "external")
+"""The SASL mechanisms the AMQP client (aiormq) speaks."""
+AMQP_MAX_HEARTBEAT = 65_534
+AMQP_MAX_CONNECTION_NAME = 255
+
+
+def amqp_query(query: str, scheme: str) -> None:
+    """Raise :class:`ValueError` unless ``query`` holds only connection parameters the AMQP
+    client reads, each once, with a value it reads as written: ``heartbeat`` (seconds, 0 to
+    65534; 0 turns it off), ``name`` (the connection's name in RabbitMQ, at most 255
+    characters), ``auth`` (``plain`` or ``external``) and, with ``amqps://`` only,
+    ``cafile``, ``capath``, ``certfile``, ``keyfile`` and ``no_verify_ssl`` (0 or 1). The
+    client would silently read a bad number as 0 (a heartbeat turned off) and ignore an
+    unknown name."""
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise ValueError("url query must be name=value pairs joined by &") from None
+    seen: set[str] = set()
+    allowed = ("heartbeat", "name", "auth", *AMQP_TLS_PARAMETERS)
+    for name, value in pairs:
+        if name not in allowed:
+            raise ValueError(f"url query parameter {name!r} is not one of {', '.join(allowed)}")
+        if name in seen:
+            raise ValueError(f"url query parameter {name!r} is given twice")
+        seen.add(name)
+        if not value or not value.isprintable():
+            raise ValueError(f"url query parameter {name!r} needs a printable value")
+        if name in AMQP_TLS_PARAMETERS and scheme != "amqps":
+            raise ValueError(f"url query parameter {name!r} needs an amqps:// url")
+        if name == "heartbeat" and not (
+            value.isascii()
+            and value.isdigit()
+            and len(value) <= 5
+            and int(value) <= AMQP_MAX_HEARTBEAT
+        ):
+            raise ValueError(f"url heartbeat must be 0 to {AMQP_MAX_HEARTBEAT} seconds")
+        if name == "name" and len(value) > AMQP_MAX_CONNECTION_NAME:
+            raise ValueError(f"url name must be at most {AMQP_MAX_CONNECTION_NAME} characters")
+        if name == "no_verify_ssl" and value not in ("0", "1"):
+            raise ValueError("url no_verify_ssl must be 0 or 1")
+        if name == "auth" and value.lower() not in AMQP_AUTH_MECHANISMS:
+            raise ValueError(f"url auth must be one of {', '.join(AMQP_AUTH_MECHANISMS)}")
 
 
 def checked_template(value: str, *, limit: int, forbidden: str = "", what: str = "name") -> str:
@@ -131,7 +177,10 @@ class AmqpDestinationConfig(BrokerDestinationBase):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        return broker_url(value, ("amqp", "amqps"), query=True)
+        broker_url(value, ("amqp", "amqps"), query=True)
+        parts = urlsplit(value)
+        amqp_query(parts.query, parts.scheme)
+        return value
 
     @field_validator("exchange")
     @classmethod
