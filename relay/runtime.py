@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 import fakeredis
+import httpx
 from arq.connections import ArqRedis
 from arq.worker import Worker
 from prometheus_client import CollectorRegistry
@@ -179,10 +181,29 @@ async def require_current_schema(engine: AsyncEngine) -> None:
         )
 
 
+CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+"""Where OpenSSL, and so every HTTPS destination, looks for trusted CA certificates."""
+
+
+def check_trusted_certificates() -> None:
+    """A :class:`SettingsError` naming ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when the trusted CA
+    certificates cannot be loaded (a missing or wrong file): checked before a server or worker
+    starts, where it would be an error of whatever happened to build the first HTTP client."""
+    try:
+        httpx.create_ssl_context()
+    except OSError as exc:  # ssl.SSLError is one
+        named = [f"{name}={os.environ[name]}" for name in CA_VARIABLES if os.environ.get(name)]
+        where = f" ({', '.join(named)})" if named else ""
+        raise SettingsError(
+            f"cannot load the trusted CA certificates{where}: {describe_error(exc)}"
+        ) from None
+
+
 async def start(settings: Settings) -> Runtime:
     """Open the database, bring it up to date, check Redis (scaled mode) and resolve the
     sources. A service that cannot be reached is a :class:`SettingsError` raised here, before
     the server starts (not a failed start-up inside it)."""
+    check_trusted_certificates()
     engine = create_engine(settings.database_url)
     try:
         await prepare_database(engine)
@@ -220,6 +241,7 @@ async def run_worker(
             "relay worker needs redis_url (RELAY_REDIS_URL); without it, `relay serve` runs "
             "the worker in its own process"
         )
+    check_trusted_certificates()
     engine = create_engine(settings.database_url)
     try:
         await prepare_database(engine)

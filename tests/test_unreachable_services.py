@@ -37,12 +37,16 @@ def write_config(tmp_path: Path, database_url: str, redis_url: str | None = None
     return config
 
 
-async def relay(command: str, config: Path) -> tuple[int, str]:
-    """Run `python -m relay <command> --config <config>`; its exit code and all it printed."""
+async def relay(
+    command: str, config: Path, extra_env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run `python -m relay <command> --config <config>` (with ``extra_env`` added to this
+    environment); its exit code and all it printed."""
     args = [sys.executable, "-m", "relay", command, "--config", str(config)]
     if command == "serve":
         args += ["--port", str(free_port())]
     env = {key: value for key, value in os.environ.items() if not key.startswith("RELAY_")}
+    env.update(extra_env or {})
     process = await asyncio.create_subprocess_exec(
         *args,
         cwd=ROOT,
@@ -172,3 +176,17 @@ async def test_postgresql_refusing_the_login(
     assert_one_clear_line(
         *await relay(command, config), "database", "password authentication failed"
     )
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+@pytest.mark.parametrize("certificates", ["missing", "not-a-certificate"])
+async def test_trusted_certificates_that_cannot_be_loaded(
+    command: str, certificates: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "ca.pem"
+    if certificates == "not-a-certificate":
+        path.write_text("not a certificate\n")
+    config = write_config(tmp_path, sqlite_url, REDIS_URL if command == "worker" else None)
+    code, output = await relay(command, config, {"SSL_CERT_FILE": str(path)})
+    line = assert_one_clear_line(code, output, "trusted CA certificates", f"SSL_CERT_FILE={path}")
+    assert "database" not in line
