@@ -20,15 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from string import Formatter
 from typing import Any
 
 from receivers.kinds import KINDS_BY_NAME, kind_for
+from relay.template_parts import template_parts
 
 DEFAULT_ORDER_KEY = "{platform_id}"
 MAX_KEY_LENGTH = 200
 ENVELOPE_FIELDS = ("platform_id", "kind", "source")
 PAYLOAD_PREFIX = "payload."
+FIELDS_ALLOWED = "{platform_id}, {kind}, {source} or {payload.NAME}"
 
 
 class OrderKey:
@@ -36,7 +37,7 @@ class OrderKey:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self._parts = _parse(text)
+        self._parts = template_parts(text, _known, FIELDS_ALLOWED)
 
     def key(self, kind: str, source: str, payload: Mapping[str, Any]) -> str | None:
         """The key of one event, or None when the event lacks a field the template names."""
@@ -75,26 +76,6 @@ def _text(value: Any) -> str | None:
     if isinstance(value, bool | int | float):
         return json.dumps(value)
     return None
-
-
-def _parse(text: str) -> list[tuple[str, str | None]]:
-    if not text:
-        raise ValueError("cannot be empty")
-    try:
-        parsed = list(Formatter().parse(text))
-    except ValueError as exc:
-        raise ValueError(f"{text!r} is not a template: {exc}") from None
-    parts: list[tuple[str, str | None]] = []
-    for literal, field, spec, conversion in parsed:
-        if field is not None and (spec or conversion):
-            raise ValueError(f"{text!r}: formats and conversions are not supported")
-        if field is not None and not _known(field):
-            raise ValueError(
-                f"{{{field}}} is not a field: use {{platform_id}}, {{kind}}, {{source}} or "
-                "{payload.NAME}"
-            )
-        parts.append((literal, field))
-    return parts
 
 
 def _known(field: str) -> bool:

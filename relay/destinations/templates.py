@@ -20,11 +20,11 @@ is absent, or not short printable text (see :func:`receivers.dedup.platform_refs
 from __future__ import annotations
 
 import re
-from string import Formatter
 
 from receivers.dedup import platform_refs_of
 from receivers.kinds import KINDS_BY_NAME
 from relay.destinations.outbound import Outbound
+from relay.template_parts import template_parts
 
 FIELDS = ("kind", "source", "event", "platform_id", "id")
 VALUE_LENGTH = 64
@@ -38,7 +38,9 @@ class NameTemplate:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.parts = _parse(text)
+        self.parts = template_parts(
+            text, FIELDS.__contains__, ", ".join("{" + f + "}" for f in FIELDS)
+        )
 
     @property
     def literal(self) -> str:
@@ -68,23 +70,3 @@ def safe_value(value: str | None) -> str:
     if not value:
         return ABSENT
     return UNSAFE.sub("_", value[:VALUE_LENGTH])
-
-
-def _parse(text: str) -> list[tuple[str, str | None]]:
-    if not text:
-        raise ValueError("cannot be empty")
-    try:
-        parsed = list(Formatter().parse(text))
-    except ValueError as exc:
-        raise ValueError(
-            f"{text!r} is not a valid template ({exc}; write {{{{ for a brace)"
-        ) from None
-    parts: list[tuple[str, str | None]] = []
-    for literal, field, spec, conversion in parsed:
-        if field is not None and (field not in FIELDS or spec or conversion):
-            raise ValueError(
-                f"{{{field}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
-                f" is not a template field (known: {', '.join('{' + f + '}' for f in FIELDS)})"
-            )
-        parts.append((literal, field))
-    return parts
