@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.store.engine import CONNECT_TIMEOUT_SECONDS
+from relay.settings import SettingsError
+
+log = logging.getLogger(__name__)
+
 MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK = 0x72656C6179  # "relay": PostgreSQL's advisory lock key for migrations
+SQLITE_LOCK_TRIES = 24
+"""How many times SQLite's busy timeout is waited out for the write lock to migrate."""
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -39,6 +50,38 @@ async def current_revision(engine: AsyncEngine) -> str | None:
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    """Bring the database up to ``revision``."""
+    """Bring the database up to ``revision``, one process at a time: processes started
+    together on a new database (a Procfile's server and worker) migrate in turn, and the later
+    ones find it current."""
     async with engine.begin() as conn:
-        await conn.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
+        await conn.run_sync(lambda sync: _upgrade(sync, revision))
+
+
+def _upgrade(connection: Connection, revision: str) -> None:
+    lock_for_migration(connection)
+    command.upgrade(alembic_config(connection), revision)
+
+
+def lock_for_migration(connection: Connection) -> None:
+    """Take the database's lock for migrations, held until the transaction ends: SQLite's
+    write lock (``BEGIN IMMEDIATE``, waiting up to two minutes for it), PostgreSQL's advisory
+    lock :data:`MIGRATION_LOCK`."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        return
+    if connection.dialect.name != "sqlite":
+        return
+    for tried in range(1, SQLITE_LOCK_TRIES + 1):
+        try:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            return
+        except OperationalError as exc:
+            if "locked" not in str(exc.orig):
+                raise
+            if tried == 1:
+                log.warning("waiting for the database's write lock to migrate it")
+    waited = SQLITE_LOCK_TRIES * CONNECT_TIMEOUT_SECONDS
+    raise SettingsError(
+        f"cannot migrate the database: its write lock stayed taken for {waited} s "
+        "(another process writing to it?)"
+    )
