@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -90,7 +91,7 @@ class SourceConfig(BaseModel):
     header: HeaderCheck | None = None
     signature_secret: list[SecretStr] = Field(default_factory=list)
     signature_method: Literal["HS256", "HS512"] = "HS256"
-    signature_tolerance_seconds: int = Field(default=300, ge=1)
+    signature_tolerance_seconds: StrictInt = Field(default=300, ge=1)
     allow_ips: list[Network] = Field(default_factory=list)
     allow_anonymous: bool = False
 

@@ -11,7 +11,7 @@ from pydantic import BeforeValidator
 UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 LONGEST = timedelta(days=3650)
 """No setting needs more than ten years; beyond, dates computed from it would overflow."""
-PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.ASCII)
 
 
 def parse_duration(value: Any) -> timedelta:

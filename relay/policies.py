@@ -31,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictInt,
     Tag,
     model_validator,
 )
@@ -237,9 +238,9 @@ class _CustomConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     give_up_after: Duration | None = None
-    max_attempts: int | None = Field(default=None, ge=1)
+    max_attempts: StrictInt | None = Field(default=None, ge=1)
     jitter: float = Field(default=0.0, ge=0, lt=1)
-    pause_after: int | None = Field(default=None, ge=1)
+    pause_after: StrictInt | None = Field(default=None, ge=1)
     pause_for: Duration | None = None
 
     def to_policy(self, name: str) -> Policy:

@@ -21,6 +21,7 @@ from pydantic_settings import SettingsError as EnvParseError
 from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
 from receivers.sources import Network, SourceConfig, check_not_everyone
 from relay.console.config import ConsoleConfig
+from relay.counts import Count
 from relay.destinations.config import DestinationConfig
 from relay.durations import Duration
 from relay.policies import Policy, PolicyConfigs, resolve_policies
@@ -47,7 +48,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RELAY_", extra="forbid")
 
     database_url: str = DEFAULT_DATABASE_URL
-    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    max_body_bytes: Count = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     trusted_proxies: Annotated[list[Network], NoDecode] = Field(default_factory=list)
     sources: dict[str, SourceConfig] = Field(default_factory=dict)
     redis_url: str | None = None
@@ -55,19 +56,19 @@ class Settings(BaseSettings):
     destinations: dict[str, DestinationConfig] = Field(default_factory=dict)
     policies: PolicyConfigs = Field(default_factory=dict)
     sweep_interval: Duration = timedelta(seconds=5)
-    worker_concurrency: int = Field(default=50, ge=1, le=1000)
+    worker_concurrency: Count = Field(default=50, ge=1, le=1000)
     lease_margin: Duration = timedelta(seconds=10)
     """Added to the longest destination timeout: how long a claimed delivery stays leased."""
-    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    max_header_bytes: Count = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
     """The most bytes a request's head (request line and header fields) may take (else 431)."""
-    max_headers: int = Field(default=100, ge=8, le=10_000)
+    max_headers: Count = Field(default=100, ge=8, le=10_000)
     """The most header fields a request may have (else 431)."""
     header_timeout: Duration = timedelta(seconds=10)
     """How long a request's head may take to arrive, from the connection's start or from the
     first byte of the next request on a keep-alive connection (else 408)."""
     body_timeout: Duration = timedelta(seconds=30)
     """How long a request's body may take to arrive after its head (else 408, or a close)."""
-    max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
+    max_connections: Count | None = Field(default=None, ge=16, le=1_000_000)
     """Client connections served at once; unset: derived from the open-files limit."""
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     """The operator console at ``/console`` (users, session lifetime)."""

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from arq.connections import RedisSettings
-from pydantic import Field, TypeAdapter, field_validator
+from pydantic import Field, StrictInt, TypeAdapter, field_validator
 from redis.asyncio.connection import parse_url
 
 from relay.destinations.base_config import DestinationBase, Secrets
@@ -112,7 +112,7 @@ class RedisStreamDestinationConfig(DestinationBase):
     type: Literal["redis-stream"]
     url: str
     stream: str = Field(min_length=1)
-    maxlen: int | None = Field(default=100_000, gt=0)
+    maxlen: StrictInt | None = Field(default=100_000, gt=0)
     """Approximate cap on the stream's length (``MAXLEN ~``); None keeps everything."""
     format: BodyFormat = "envelope"
 

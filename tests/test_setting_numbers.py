@@ -1,0 +1,89 @@
+"""Numbers in settings: whole numbers are digits or an integer, durations ASCII digits and a unit;
+nothing that only looks like one is read as one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.settings import SettingsError, load_settings
+from tests.conftest import TOKEN
+
+COUNTS = ("worker_concurrency", "max_body_bytes", "max_header_bytes", "max_headers")
+
+
+def _config(tmp_path: Path, lines: str = "") -> Path:
+    config = tmp_path / "relay.toml"
+    config.write_text(f'{lines}\n[sources.default]\ntoken = "{TOKEN}"\n')
+    return config
+
+
+@pytest.mark.parametrize("key", COUNTS)
+@pytest.mark.parametrize(
+    "text",
+    ["", " ", "true", "1e2", "1_0", "0x10", "+20", "20.0", "\uff12\uff10", "20 30", "9" * 5000],
+)
+def test_a_count_from_the_environment_is_digits_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, text: str
+) -> None:
+    monkeypatch.setenv(f"RELAY_{key.upper()}", text)
+    with pytest.raises(SettingsError, match=rf"{key}: .*expected a whole number in digits") as err:
+        load_settings(_config(tmp_path))
+    assert "9" * 100 not in str(err.value)  # a huge value is not repeated whole
+
+
+@pytest.mark.parametrize("key", COUNTS)
+@pytest.mark.parametrize("value", ["true", "100.0", '"1e2"', "[100]", "-0.0"])
+def test_a_count_in_the_file_is_an_integer(tmp_path: Path, key: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=rf"{key}: .*expected a whole number in digits"):
+        load_settings(_config(tmp_path, f"{key} = {value}"))
+
+
+def test_counts_as_digits_or_integers_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAY_WORKER_CONCURRENCY", " 20 ")
+    monkeypatch.setenv("RELAY_MAX_CONNECTIONS", "")  # empty: derived from the files limit
+    settings = load_settings(_config(tmp_path, "max_headers = 40\nmax_body_bytes = 4096"))
+    assert settings.worker_concurrency == 20
+    assert settings.max_headers == 40 and settings.max_body_bytes == 4096
+    assert settings.max_connections is None
+    monkeypatch.setenv("RELAY_MAX_CONNECTIONS", "1_000")
+    with pytest.raises(SettingsError, match="max_connections"):
+        load_settings(_config(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        '[policies.p]\ntype = "delays"\ndelays = ["1s"]\nmax_attempts = true',
+        '[policies.p]\ntype = "delays"\ndelays = ["1s"]\nmax_attempts = 3.0',
+        '[policies.p]\ntype = "delays"\ndelays = ["1s"]\npause_after = "3"',
+        '[destinations.s]\ntype = "redis-stream"\nurl = "redis://127.0.0.1:6379/12"\n'
+        'stream = "s"\nmaxlen = true',
+    ],
+)
+def test_nested_whole_numbers_are_integers(tmp_path: Path, table: str) -> None:
+    with pytest.raises(SettingsError, match="valid integer"):
+        load_settings(_config(tmp_path, table))
+
+
+def test_a_source_signature_tolerance_is_an_integer(tmp_path: Path) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'[sources.default]\nsignature_secret = "{TOKEN}"\nsignature_tolerance_seconds = true\n'
+    )
+    with pytest.raises(SettingsError, match="signature_tolerance_seconds"):
+        load_settings(config)
+
+
+@pytest.mark.parametrize("text", ["\uff15s", "1\u066b5s", "true", "", "-1s", "1 fortnight", "1e3s"])
+def test_a_duration_from_the_environment_is_ascii_digits_and_a_unit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv("RELAY_SWEEP_INTERVAL", text)
+    with pytest.raises(SettingsError, match=r"sweep_interval: .*not a duration"):
+        load_settings(_config(tmp_path))
+    monkeypatch.setenv("RELAY_SWEEP_INTERVAL", "1.5s")
+    assert load_settings(_config(tmp_path)).sweep_interval.total_seconds() == 1.5
