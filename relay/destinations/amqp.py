@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from urllib.parse import unquote, urlsplit
 
@@ -42,6 +43,7 @@ from yarl import URL
 from relay.destinations.broker_config import AmqpDeclare, AmqpDestinationConfig
 from relay.destinations.errors import (
     MAX_ERROR_LENGTH,
+    DestinationRefused,
     describe_error,
     storable,
     timeout_error,
@@ -85,6 +87,7 @@ class AmqpDestination:
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._tls: ssl.SSLContext | None = None
 
     def message_for(self, outbound: Outbound) -> Message:
         """The message published for ``outbound``."""
@@ -101,9 +104,12 @@ class AmqpDestination:
         )
 
     async def start(self) -> None:
-        """Connect and declare, within the destination's timeout. A broker that is down or
-        refuses is not an error here (its deliveries fail and wait under the policy): it is
-        logged, without credentials, and the first delivery tries again."""
+        """Load the TLS files of an ``amqps://`` URL (:func:`tls_context`; one that cannot be
+        used raises :class:`DestinationRefused`), then connect and declare, within the
+        destination's timeout. A broker that is down or refuses is not an error here (its
+        deliveries fail and wait under the policy): it is logged, without credentials, and the
+        first delivery tries again."""
+        self._tls = tls_context(URL(self._url))
         try:
             async with asyncio.timeout(self._start_timeout):
                 await self._ready()
@@ -196,7 +202,14 @@ class AmqpDestination:
         url = URL(self._url)
         # the url's own ``name``, else one that says whose connection it is
         named = url.query.get("name") or f"{APP_ID} {self.name}"
-        connection = Connection(url, client_properties={"connection_name": named})
+        if self._tls is None and url.scheme == "amqps":
+            try:
+                self._tls = tls_context(url)
+            except DestinationRefused as refused:
+                raise ConnectionError(str(refused)) from None  # a failed attempt
+        connection = Connection(
+            url, ssl_context=self._tls, client_properties={"connection_name": named}
+        )
         try:
             await connection.connect()
         except BaseException:
@@ -297,3 +310,50 @@ def vhost_of(url: str) -> str:
 
 def _since(started: float) -> float:
     return (time.perf_counter() - started) * 1000
+
+
+def tls_context(url: URL) -> ssl.SSLContext | None:
+    """The TLS context of an ``amqps://`` URL (``None`` for ``amqp://``), from its query as
+    aio-pika reads it: ``cafile``/``capath`` (else the system's CA certificates), ``certfile``
+    and ``keyfile`` (a client certificate), ``no_verify_ssl=1``. Built once, at start, so that
+    a file that is missing or not PEM is a :class:`DestinationRefused` naming it rather than
+    a vague error at every attempt, and so that an encrypted key is refused rather than asked
+    for on the worker's terminal."""
+    if url.scheme != "amqps":
+        return None
+    query = url.query
+    cafile, capath = query.get("cafile"), query.get("capath")
+    try:
+        context = ssl.create_default_context(cafile=cafile, capath=capath)
+    except (OSError, ValueError) as exc:
+        where = " and ".join(f"{k}={v!r}" for k, v in (("cafile", cafile), ("capath", capath)) if v)
+        raise DestinationRefused(
+            f"cannot load the CA certificates of {where or 'the system'}: {describe_error(exc)}"
+        ) from None
+    certfile, keyfile = query.get("certfile"), query.get("keyfile")
+    if keyfile and not certfile:
+        raise DestinationRefused("keyfile needs certfile (the client certificate)")
+    if certfile:
+        try:
+            context.load_cert_chain(certfile, keyfile, password=_no_password)
+        except _EncryptedKey:
+            raise DestinationRefused(
+                f"the key of certfile={certfile!r} is encrypted; give an unencrypted keyfile"
+            ) from None
+        except (OSError, ValueError) as exc:
+            files = f"certfile={certfile!r}" + (f" and keyfile={keyfile!r}" if keyfile else "")
+            raise DestinationRefused(
+                f"cannot load the client certificate of {files}: {describe_error(exc)}"
+            ) from None
+    if query.get("no_verify_ssl") == "1":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class _EncryptedKey(Exception):
+    """A client key that needs a password, which the URL cannot give."""
+
+
+def _no_password() -> str:
+    raise _EncryptedKey
