@@ -9,6 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
@@ -49,17 +50,42 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         )
 
 
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is one of this version's migrations."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def unknown_revision(revision: str) -> SettingsError:
+    """The error for a database whose revision this version does not know."""
+    return SettingsError(
+        f"the database schema is at revision {revision}, which this version does not know "
+        "(written by a newer release?): run that release, or restore a backup"
+    )
+
+
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
     """Bring the database up to ``revision``, one process at a time: processes started
     together on a new database (a Procfile's server and worker) migrate in turn, and the later
-    ones find it current."""
+    ones find it current. A database already current is left alone without waiting for the
+    lock; one at a revision this version does not know is a :class:`SettingsError`."""
+    current = await current_revision(engine)
+    if current is not None and not is_known(current):
+        raise unknown_revision(current)
+    if revision == "head" and current == head_revision():
+        return
     async with engine.begin() as conn:
         await conn.run_sync(lambda sync: _upgrade(sync, revision))
 
 
 def _upgrade(connection: Connection, revision: str) -> None:
     lock_for_migration(connection)
-    command.upgrade(alembic_config(connection), revision)
+    try:
+        command.upgrade(alembic_config(connection), revision)
+    except CommandError as exc:  # a revision written meanwhile by a newer release
+        raise SettingsError(f"cannot migrate the database: {exc}") from None
 
 
 def lock_for_migration(connection: Connection) -> None:

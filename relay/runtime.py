@@ -174,6 +174,8 @@ async def prepare_database(engine: AsyncEngine) -> None:
 async def require_current_schema(engine: AsyncEngine) -> None:
     """A :class:`SettingsError` unless the database's schema is the one this version needs."""
     current, head = await migrate.current_revision(engine), migrate.head_revision()
+    if current is not None and not migrate.is_known(current):
+        raise migrate.unknown_revision(current)
     if current != head:
         raise SettingsError(
             f"the database schema is at revision {current or 'none'}, this version needs {head}: "

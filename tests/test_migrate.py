@@ -4,18 +4,22 @@ database must not both create its tables."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+from sqlalchemy import text
 
 from receivers.store import engine as store_engine
 from receivers.store.engine import create_engine
 from relay import migrate
+from relay.runtime import prepare_database, require_current_schema
 from relay.settings import SettingsError
 from tests.conftest import PG_ADMIN_DSN, service_missing
 
@@ -48,17 +52,25 @@ async def _admin(sql: str) -> None:
         await conn.close()
 
 
-@pytest.fixture
-async def new_postgres_url() -> AsyncIterator[str]:
-    """An empty PostgreSQL database of this test's own."""
+@contextlib.asynccontextmanager
+async def _new_postgres_database() -> AsyncIterator[str]:
     name = f"relay_migrate_{uuid.uuid4().hex[:12]}"
     try:
         await _admin(f'CREATE DATABASE "{name}"')
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
         service_missing("PostgreSQL", exc)
     base = PG_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
-    yield f"{base}/{name}"
-    await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield f"{base}/{name}"
+    finally:
+        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def new_postgres_url() -> AsyncIterator[str]:
+    """An empty PostgreSQL database of this test's own."""
+    async with _new_postgres_database() as url:
+        yield url
 
 
 async def test_upgrades_of_a_new_postgresql_database_together_take_turns(
@@ -117,3 +129,65 @@ async def test_a_migration_that_never_gets_the_write_lock_is_one_line(
         holder.close()
         await engine.dispose()
     assert await _migrate_together(f"sqlite:///{path}") == [migrate.head_revision()] * TOGETHER
+
+
+async def test_a_current_database_is_not_locked_to_be_migrated(
+    tmp_path: Path, short_busy_timeout: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "current.db"
+    url = f"sqlite:///{path}"
+    assert await _migrate_together(url) == [migrate.head_revision()] * TOGETHER
+    holder = _hold_write_lock(path)  # a long writer: nothing to migrate, nothing to wait for
+    engine = create_engine(url)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=migrate.__name__):
+            async with asyncio.timeout(10):
+                await migrate.upgrade(engine)
+        assert "waiting" not in caplog.text
+    finally:
+        holder.close()
+        await engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def new_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """An empty database of this test's own, on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'new.db'}"
+        return
+    async with _new_postgres_database() as url:
+        yield url
+
+
+async def test_a_revision_this_version_does_not_know_is_one_line(new_database_url: str) -> None:
+    assert await _migrate_together(new_database_url) == [migrate.head_revision()] * TOGETHER
+    engine = create_engine(new_database_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE alembic_version SET version_num = '9f9f_future'"))
+        for check in (migrate.upgrade, require_current_schema, prepare_database):
+            with pytest.raises(SettingsError, match="revision 9f9f_future, which this version"):
+                await check(engine)
+    finally:
+        await engine.dispose()
+
+
+async def test_connecting_waits_while_another_process_holds_a_new_file_in_rollback_mode(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "rollback.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")  # switching to WAL is refused at once meanwhile
+    release = threading.Timer(0.3, holder.commit)
+    release.start()
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        await migrate.upgrade(engine)
+        assert await migrate.current_revision(engine) == migrate.head_revision()
+    finally:
+        release.join()
+        holder.close()
+        await engine.dispose()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_json
@@ -66,8 +68,26 @@ def sqlite_pragmas(dbapi_connection: Any, _record: Any = None) -> None:
     """WAL, ``synchronous=FULL`` (an acknowledged event survives a crash or a power loss), the
     busy timeout and foreign keys, on every connection to SQLite."""
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={int(CONNECT_TIMEOUT_SECONDS * 1000)}")
+    _wal_mode(cursor)
     cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute(f"PRAGMA busy_timeout={CONNECT_TIMEOUT_SECONDS * 1000}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+WAL_RETRY_SECONDS = 0.02
+
+
+def _wal_mode(cursor: Any) -> None:
+    """``journal_mode=WAL``, tried again for up to the connect timeout while SQLite says the
+    database is locked: on a new file another process may be switching it or writing its first
+    transaction, which SQLite reports at once, without its busy handler."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_SECONDS
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY_SECONDS)
