@@ -99,6 +99,7 @@ def test_amqp_defaults_and_declare() -> None:
         ({**AMQP, "url": "amqp://h/?" + "x" * 10_000 + "=1"}, "is not one of"),
         ({**AMQP, "url": "amqp://h/?cafile=/ca.pem"}, "'cafile' needs an amqps:// url"),
         ({**AMQP, "url": "amqps://h/?no_verify_ssl=yes"}, "no_verify_ssl must be 0 or 1"),
+        ({**AMQP, "url": "amqps://h/?keyfile=/k.pem"}, "keyfile needs certfile"),
         ({**AMQP, "url": "amqps://h/?auth=gssapi"}, "auth must be one of plain"),
         ({**AMQP, "url": "amqps://h/?auth=amqplain"}, "auth must be one of plain, external"),
         ({**AMQP, "url": "amqp://h/?heartbeat=" + "9" * 5000}, "heartbeat must be 0 to 65534"),

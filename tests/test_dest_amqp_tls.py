@@ -163,7 +163,6 @@ def encrypted_key(ca: trustme.CA, path: Path) -> None:
         ("capath={missing}&cafile={not_pem}", "cannot load the CA certificates of cafile="),
         ("certfile={missing}", "cannot load the client certificate of certfile='{missing}'"),
         ("certfile={not_pem}", "cannot load the client certificate of certfile='{not_pem}'"),
-        ("keyfile={cert}", "keyfile needs certfile"),
         ("certfile={cert}&keyfile={missing}", "and keyfile='{missing}'"),
         ("certfile={cert}&keyfile={encrypted}", "is encrypted; give an unencrypted keyfile"),
     ],

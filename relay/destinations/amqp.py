@@ -330,9 +330,7 @@ def tls_context(url: URL) -> ssl.SSLContext | None:
         raise DestinationRefused(
             f"cannot load the CA certificates of {where or 'the system'}: {describe_error(exc)}"
         ) from None
-    certfile, keyfile = query.get("certfile"), query.get("keyfile")
-    if keyfile and not certfile:
-        raise DestinationRefused("keyfile needs certfile (the client certificate)")
+    certfile, keyfile = query.get("certfile"), query.get("keyfile")  # keyfile needs certfile
     if certfile:
         try:
             context.load_cert_chain(certfile, keyfile, password=_no_password)

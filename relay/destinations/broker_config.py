@@ -68,7 +68,8 @@ def amqp_query(query: str, scheme: str) -> None:
     client reads, each once, with a value it reads as written: ``heartbeat`` (seconds, 0 to
     65534; 0 turns it off), ``name`` (the connection's name in RabbitMQ, at most 255
     characters), ``auth`` (``plain`` or ``external``) and, with ``amqps://`` only,
-    ``cafile``, ``capath``, ``certfile``, ``keyfile`` and ``no_verify_ssl`` (0 or 1). The
+    ``cafile``, ``capath``, ``certfile``, ``keyfile`` (with ``certfile``) and ``no_verify_ssl``
+    (0 or 1). The
     client would silently read a bad number as 0 (a heartbeat turned off) and ignore an
     unknown name."""
     try:
@@ -100,6 +101,8 @@ def amqp_query(query: str, scheme: str) -> None:
             raise ValueError("url no_verify_ssl must be 0 or 1")
         if name == "auth" and value.lower() not in AMQP_AUTH_MECHANISMS:
             raise ValueError(f"url auth must be one of {', '.join(AMQP_AUTH_MECHANISMS)}")
+    if "keyfile" in seen and "certfile" not in seen:
+        raise ValueError("url keyfile needs certfile (the client certificate)")
 
 
 def checked_template(value: str, *, limit: int, forbidden: str = "", what: str = "name") -> str:
