@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import httpx
@@ -25,6 +25,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers import ReceiverConfig, SourceConfig, create_app
 from receivers.store.engine import create_engine
 from relay import migrate
+
+if TYPE_CHECKING:
+    from tests.amqp_support import Rabbit
 from tests.support import Sink, free_port, serving, stop_process
 
 REDIS_URL = os.environ.get("RELAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -51,24 +54,35 @@ def service_missing(what: str, error: BaseException) -> None:
     pytest.skip(message)
 
 
+async def pg_admin(sql: str) -> None:
+    """Run one statement as PostgreSQL's administrator (creating or dropping a database)."""
+    conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def create_postgres_database(prefix: str) -> tuple[str, str]:
+    """A new, empty PostgreSQL database: its name and its URL (asyncpg). PostgreSQL missing
+    fails the test under CI, else skips it."""
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        await pg_admin(f'CREATE DATABASE "{name}"')
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        service_missing("PostgreSQL", exc)
+    base = PG_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
+    return name, f"{base}/{name}"
+
+
+async def drop_postgres_database(name: str) -> None:
+    await pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this test run, migrated, dropped at the end."""
-    name = f"relay_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    try:
-        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        service_missing("PostgreSQL", exc)
-    base = PG_ADMIN_DSN.rsplit("/", 1)[0]
-    url = f"{base.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
+    name, url = asyncio.run(create_postgres_database("relay_test"))
 
     async def upgrade() -> None:
         engine = create_engine(url)
@@ -77,7 +91,25 @@ def postgres_url() -> Iterator[str]:
 
     asyncio.run(upgrade())
     yield url
-    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    asyncio.run(drop_postgres_database(name))
+
+
+@pytest.fixture(scope="session")
+def amqp_vhost() -> Iterator[tuple[str, str]]:
+    """This test run's RabbitMQ vhost (name, URL), deleted at the end."""
+    from tests.amqp_support import vhost_of_the_run  # it uses service_missing, above
+
+    with vhost_of_the_run() as vhost:
+        yield vhost
+
+
+@pytest.fixture
+async def rabbit(amqp_vhost: tuple[str, str]) -> AsyncIterator[Rabbit]:
+    """A test-side RabbitMQ client on the run's vhost."""
+    from tests.amqp_support import rabbit_on
+
+    async with rabbit_on(*amqp_vhost) as helper:
+        yield helper
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,7 +44,6 @@ from tests.amqp_support import (
     rabbit_on,
     rabbitmqctl,
     relay_connections,
-    vhost_of_the_run,
     vhost_of_the_test,
     vhost_url,
 )
@@ -60,19 +59,6 @@ from tests.test_relay_e2e import (
 
 SECRET = generate_secret()
 PASSWORD = "pw-that-must-not-leak-7f3a"
-
-
-@pytest.fixture(scope="session")
-def amqp_vhost() -> Iterator[tuple[str, str]]:
-    """This test run's vhost (name, URL), deleted at the end."""
-    with vhost_of_the_run() as vhost:
-        yield vhost
-
-
-@pytest.fixture
-async def rabbit(amqp_vhost: tuple[str, str]) -> AsyncIterator[Rabbit]:
-    async with rabbit_on(*amqp_vhost) as helper:
-        yield helper
 
 
 Make = Callable[[AmqpDestinationConfig], AmqpDestination]

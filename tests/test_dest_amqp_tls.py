@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 
 from relay.destinations.amqp import AmqpDestination, tls_context
 from relay.destinations.errors import DestinationRefused
-from tests.amqp_support import Rabbit, amqp_config, outbound, rabbit_on, vhost_of_the_run
+from tests.amqp_support import Rabbit, amqp_config, outbound
 
 BROKER = ("127.0.0.1", 5672)
 
@@ -34,18 +34,6 @@ class TlsProxy:
 @pytest.fixture(scope="module")
 def ca() -> trustme.CA:
     return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def amqp_vhost() -> Iterator[tuple[str, str]]:
-    with vhost_of_the_run() as vhost:
-        yield vhost
-
-
-@pytest.fixture
-async def rabbit(amqp_vhost: tuple[str, str]) -> AsyncIterator[Rabbit]:
-    async with rabbit_on(*amqp_vhost) as helper:
-        yield helper
 
 
 @contextlib.asynccontextmanager

@@ -8,11 +8,9 @@ import contextlib
 import logging
 import sqlite3
 import threading
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from sqlalchemy import text
 
@@ -21,7 +19,7 @@ from receivers.store.engine import create_engine
 from relay import migrate
 from relay.runtime import prepare_database, require_current_schema
 from relay.settings import SettingsError
-from tests.conftest import PG_ADMIN_DSN, service_missing
+from tests.conftest import create_postgres_database, drop_postgres_database
 
 TOGETHER = 3
 
@@ -44,26 +42,13 @@ async def test_processes_migrating_a_new_sqlite_file_together_take_turns(
         assert await _migrate_together(url) == [migrate.head_revision()] * TOGETHER
 
 
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @contextlib.asynccontextmanager
 async def _new_postgres_database() -> AsyncIterator[str]:
-    name = f"relay_migrate_{uuid.uuid4().hex[:12]}"
+    name, url = await create_postgres_database("relay_migrate")
     try:
-        await _admin(f'CREATE DATABASE "{name}"')
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        service_missing("PostgreSQL", exc)
-    base = PG_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
-    try:
-        yield f"{base}/{name}"
+        yield url
     finally:
-        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await drop_postgres_database(name)
 
 
 @pytest.fixture
