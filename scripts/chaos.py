@@ -23,8 +23,9 @@ is printed with its time since the traffic started and its wall-clock time):
 2. 25 %: worker-1 is SIGKILLed and started again ``--restart-delay`` seconds later;
 3. 40 %: serve-2 is restarted (SIGTERM, wait for the exit, start again on the same port; the
    platform's retries cover the gap);
-4. 55 %: FLUSHALL on Redis (every database of the server, as a lost Redis would be;
-   ``--flush db`` flushes only the run's database);
+4. 55 %: Redis flushed: FLUSHDB of the run's database (``--flush db``, the default), or
+   FLUSHALL, every database of the server, as a lost Redis would be (``--flush all``: only on a
+   Redis of the run's own, never on one that others use);
 5. 70 %: the sink answers only after ``--slow-seconds`` (2 s, longer than the destination's 1 s
    timeout) for ``--fault-seconds``: the relay sees time-outs, the sink has the events anyway;
 6. 85 %: worker-2 is SIGKILLed and started again.
@@ -106,7 +107,7 @@ explained as such (NATS drops a retried publish within its duplicate window).
 
 Run it with the project's interpreter (PostgreSQL and Redis on 127.0.0.1)::
 
-    python scripts/chaos.py [--events 20000] [--json] [--timeout 900] [--flush all|db]
+    python scripts/chaos.py [--events 20000] [--json] [--timeout 900] [--flush db|all]
     python scripts/chaos.py --ordering per-key --events 3000
     python scripts/chaos.py --no-faults --servers 1 --workers 1 --events 5000
     python scripts/chaos.py --destination nats --events 5000
@@ -1315,8 +1316,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--flush",
         choices=["all", "db"],
-        default="all",
-        help="all: FLUSHALL (every Redis database); db: FLUSHDB of the run's database only",
+        default="db",
+        help="db: FLUSHDB of the run's database only (default); all: FLUSHALL, every database "
+        "of the server (only on a Redis of the run's own)",
     )
     parser.add_argument(
         "--redis-url",
