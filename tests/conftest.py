@@ -17,6 +17,7 @@ import asyncpg
 import httpx
 import pytest
 import redis as redis_sync
+import trustme
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import text
@@ -110,6 +111,12 @@ async def rabbit(amqp_vhost: tuple[str, str]) -> AsyncIterator[Rabbit]:
 
     async with rabbit_on(*amqp_vhost) as helper:
         yield helper
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    """A private certificate authority for the TLS tests (brokers' certificates)."""
+    return trustme.CA()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -34,9 +35,10 @@ SERVER_START_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 10.0
 
 
-async def connect(url: str) -> Client:
-    """A test's own client: a server that is down is an error within seconds (nats-py's first
-    connection tries ``max_reconnect_attempts + 1`` times), and its errors are not logged."""
+async def connect(url: str, **options: Any) -> Client:
+    """A test's own client (``options`` go to nats-py): a server that is down is an error
+    within seconds (nats-py's first connection tries ``max_reconnect_attempts + 1`` times), and
+    its errors are not logged."""
 
     async def quiet(exc: Exception) -> None:
         pass
@@ -49,6 +51,7 @@ async def connect(url: str) -> Client:
             reconnect_time_wait=0,
             connect_timeout=2,
             error_cb=quiet,
+            **options,
         )
 
 

@@ -31,11 +31,6 @@ class TlsProxy:
     accepted: int = 0
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
 @contextlib.asynccontextmanager
 async def tls_proxy(
     ca: trustme.CA, *, client_ca: trustme.CA | None = None

@@ -210,7 +210,8 @@ class NatsDestinationConfig(BrokerDestinationBase):
 
     type: Literal["nats"]
     url: str
-    """``nats://[user:password@]host:4222`` (or ``tls://``)."""
+    """``nats://[user:password@]host:4222``, ``nats://TOKEN@host`` (or ``tls://``: TLS or
+    nothing, see :mod:`relay.destinations.nats_connect`)."""
     subject: str
     """A template, as ``"callbacks.{kind}.{source}"``."""
 

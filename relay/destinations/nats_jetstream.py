@@ -14,6 +14,9 @@ whose ack was lost, and two destinations publishing into one stream both keep th
 ``PubAck`` marked ``duplicate`` is a success: the stream has the message. The headers are
 those of :mod:`relay.destinations.message_headers`.
 
+A ``tls://`` URL is TLS or nothing (:mod:`relay.destinations.nats_connect`): a server that
+does not switch to TLS gets no CONNECT, and the attempt fails.
+
 One nats-py connection per destination, shared by concurrent deliveries, opened at ``start``
 or at the first delivery, and kept by nats-py itself: it retries a server that was down at
 the start, and reconnects to one that went away, every :data:`RECONNECT_WAIT_S` seconds for as
@@ -30,7 +33,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
@@ -47,6 +49,12 @@ from relay.destinations.errors import (
     without_credentials,
 )
 from relay.destinations.message_headers import MessageHeaders
+from relay.destinations.nats_connect import (
+    ConnectOptions,
+    PlainTextRefused,
+    TlsGuard,
+    wants_tls,
+)
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
 from relay.destinations.templates import NameTemplate
@@ -250,18 +258,6 @@ def msg_id(destination: str, event_id: str) -> str:
     return f"{destination}:{event_id}"
 
 
-def credentials(url: str) -> tuple[str, str | None, str | None]:
-    """``url`` without its user and password, and those percent-decoded: nats-py would send
-    them as written in the URL, so a password holding ``@`` or ``/`` could not be given."""
-    parts = urlsplit(url)
-    if parts.username is None:
-        return url, None, None
-    host = parts.netloc.rpartition("@")[2]
-    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    password = None if parts.password is None else unquote(parts.password)
-    return bare, unquote(parts.username), password
-
-
 class _Link:
     """One nats-py client and the task making its first connection (nats-py's loop retries
     until it succeeds). Its callbacks log through :func:`describe` (nats-py's default
@@ -302,12 +298,10 @@ class _Link:
                 await self.client.close()
 
     async def _connect(self, url: str) -> None:
-        server, user, password = credentials(url)
+        guard = TlsGuard(self._where) if wants_tls(url) else None
         try:
             await self.client.connect(
-                server,
-                user=user,
-                password=password,
+                **ConnectOptions.from_url(url).arguments(guard),
                 name=f"callback-relay:{self._destination}",
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,  # forever: the relay's policy decides what waits
@@ -370,6 +364,8 @@ class _Link:
 def describe(exc: BaseException) -> str:
     """:func:`describe_error`, without the class name where nats-py's text names the problem
     (``nats: 'Authorization Violation'``, ``nats: unexpected EOF``)."""
+    if isinstance(exc, PlainTextRefused):
+        return str(exc)
     text = describe_error(exc)
     name = f"{type(exc).__name__}: "
     return text.removeprefix(name) if text.startswith(f"{name}nats: ") else text

@@ -1,0 +1,108 @@
+"""What a NATS destination's client says in CONNECT (credentials from the URL) and, for a
+``tls://`` URL, the guard that it says it only over TLS.
+
+NATS starts every connection in plain text: the server's INFO says whether it requires TLS, and
+nats-py upgrades only then, also for a ``tls://`` URL. A server that does not ask (or anyone
+in between, answering for it) would get the credentials in CONNECT, then the events, in plain
+text. :class:`TlsGuard` refuses that: nats-py calls a credential callback while it writes each
+CONNECT, after any upgrade, and the guard's callback fails that connection attempt unless the
+TLS context it gave nats-py completed a handshake since the previous CONNECT.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from nats.errors import Error as NatsError
+
+TLS_SCHEME = "tls"
+
+
+class PlainTextRefused(NatsError):
+    """A ``tls://`` destination's connection was not upgraded to TLS (a nats-py error, so
+    that nats-py tries again later, as after any failed connection)."""
+
+
+class TlsGuard:
+    """The TLS context of a ``tls://`` destination (the system's CAs, as nats-py's own) and
+    the check that each CONNECT follows a TLS handshake made with it."""
+
+    def __init__(self, where: str) -> None:
+        self._where = where
+        self._handshakes = 0
+        self.context = ssl.create_default_context()
+        self.context.sslobject_class = self._witnessed()
+
+    def _witnessed(self) -> type[ssl.SSLObject]:
+        guard = self
+
+        class Witnessed(ssl.SSLObject):
+            """An SSLObject that tells the guard when its handshake completed."""
+
+            def do_handshake(self) -> None:
+                super().do_handshake()
+                guard._handshakes += 1
+
+        return Witnessed
+
+    def passing(self, value: str) -> Callable[[], str]:
+        """A credential callback for nats-py: ``value``, if this connection is TLS."""
+
+        def credential() -> str:
+            handshakes, self._handshakes = self._handshakes, 0
+            if not handshakes:
+                raise PlainTextRefused(
+                    f"the NATS server at {self._where} did not switch to TLS, and the URL "
+                    "asks for it: nothing was sent (the server needs TLS configured, or the "
+                    "URL nats://)"
+                )
+            return value
+
+        return credential
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """nats-py ``connect`` arguments for a destination URL: the server without credentials,
+    and the credentials (user and password, or a token: ``nats://TOKEN@host``) percent-decoded,
+    since nats-py would send them as written in the URL."""
+
+    server: str
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> ConnectOptions:
+        parts = urlsplit(url)
+        if parts.username is None:
+            return cls(url)
+        host = parts.netloc.rpartition("@")[2]
+        bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+        if parts.password is None:
+            return cls(bare, token=unquote(parts.username))
+        return cls(bare, user=unquote(parts.username), password=unquote(parts.password))
+
+    def arguments(self, guard: TlsGuard | None) -> dict[str, Any]:
+        """``servers``, the credentials and, with a ``guard``, its TLS context: the secret (or
+        an empty token, where there is none) is then given through the guard, so that each
+        CONNECT is checked."""
+        given: dict[str, Any] = {"servers": self.server}
+        if self.password is not None:
+            given["user"] = self.user
+            given["password"] = self.password if guard is None else guard.passing(self.password)
+        elif self.token is not None or guard is not None:
+            token = self.token or ""
+            given["token"] = token if guard is None else guard.passing(token)
+        if guard is not None:
+            given["tls"] = guard.context
+        return given
+
+
+def wants_tls(url: str) -> bool:
+    """Whether ``url`` asks for TLS (``tls://``)."""
+    return urlsplit(url).scheme == TLS_SCHEME

@@ -1,0 +1,251 @@
+"""TLS to NATS (``tls://``) and MQTT (``mqtts://``) destinations, on private ``nats-server`` and
+Mosquitto processes with certificates of a private CA (trusted through ``SSL_CERT_FILE``, as a
+deployment would): events arrive over TLS, an untrusted certificate fails the attempt, and a
+``tls://`` NATS destination sends nothing, not even its credentials, to a server that does not
+switch to TLS (NATS starts every connection in plain text)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trustme
+import uvloop
+
+from relay.destinations.nats_connect import ConnectOptions
+from relay.destinations.outcome import Outcome
+from tests.amqp_support import outbound
+from tests.mqtt_support import private_broker, subscribed
+from tests.nats_support import connect, create_stream, private_server, read_stream
+from tests.support import free_port
+from tests.test_dest_mqtt import destination as mqtt_destination
+from tests.test_dest_mqtt import mqtt_config
+from tests.test_dest_nats import destination as nats_destination
+from tests.test_dest_nats import nats_config
+
+PASSWORD = "pw/that@must:not-leak"
+TOKEN = "tok/en@that-must-not-leak"
+
+
+@pytest.fixture
+def server_files(ca: trustme.CA, tmp_path: Path) -> tuple[Path, Path]:
+    """The certificate (chain) and key files of a server at 127.0.0.1, issued by ``ca``."""
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    certfile, keyfile = tmp_path / "server.pem", tmp_path / "server.key"
+    issued.cert_chain_pems[0].write_to_path(str(certfile))
+    issued.private_key_pem.write_to_path(str(keyfile))
+    return certfile, keyfile
+
+
+@pytest.fixture
+def trusted(ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process trusts ``ca`` (``SSL_CERT_FILE``, read when a TLS context is made)."""
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cafile))
+
+
+def tls_nats_options(server_files: tuple[Path, Path], store: Path) -> list[str]:
+    certfile, keyfile = server_files
+    tls = ["--tls", "--tlscert", str(certfile), "--tlskey", str(keyfile)]
+    return ["-js", "-sd", str(store), *tls, "--user", "relay", "--pass", PASSWORD]
+
+
+def with_credentials(url: str, scheme: str, credentials: str) -> str:
+    return url.replace("nats://", f"{scheme}://{credentials}", 1)
+
+
+ESCAPED = "relay:pw%2Fthat%40must%3Anot-leak@"
+
+
+async def nats_tls_delivery(server_url: str) -> tuple[Outcome, int]:
+    """One event through a ``tls://`` destination with a password; (outcome, messages the
+    stream then holds, read back over TLS)."""
+    client = await connect(server_url.replace("nats://", "tls://"), user="relay", password=PASSWORD)
+    try:
+        js = client.jetstream()
+        stream = await create_stream(js)
+        config = nats_config(f"{stream}.x", url=with_credentials(server_url, "tls", ESCAPED))
+        async with nats_destination(config) as sender:
+            outcome = await sender.deliver(outbound(), timeout=5)
+        arrived = await read_stream(js, stream, 1, timeout=2) if outcome.ok else []
+        return outcome, len(arrived)
+    finally:
+        await client.close()
+
+
+# --- NATS ----------------------------------------------------------------------------------------
+
+
+async def test_a_tls_url_delivers_over_tls_to_a_server_it_trusts(
+    server_files: tuple[Path, Path], trusted: None, tmp_path: Path
+) -> None:
+    with private_server(tmp_path, *tls_nats_options(server_files, tmp_path / "js")) as url:
+        outcome, arrived = await nats_tls_delivery(url)
+    assert outcome.ok, outcome.error
+    assert arrived == 1
+
+
+async def test_a_tls_url_fails_the_attempt_on_a_certificate_it_does_not_trust(
+    server_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stranger = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(stranger))
+    monkeypatch.setenv("SSL_CERT_FILE", str(stranger))
+    with private_server(tmp_path, *tls_nats_options(server_files, tmp_path / "js")) as url:
+        config = nats_config("relay-test.x", url=with_credentials(url, "tls", ESCAPED))
+        async with nats_destination(config) as sender:
+            outcome = await sender.deliver(outbound(), timeout=3)
+    assert not outcome.ok
+    assert outcome.error is not None and "CERTIFICATE_VERIFY_FAILED" in outcome.error.upper()
+    assert PASSWORD not in outcome.error
+
+
+@asynccontextmanager
+async def plain_text_nats() -> AsyncIterator[tuple[str, bytearray]]:
+    """A server that answers as NATS does, without asking for TLS, and keeps every byte it is
+    sent: (its URL, those bytes)."""
+    received = bytearray()
+    port = free_port()
+    info = {"server_id": "PLAIN", "version": "2.10.0", "proto": 1, "headers": True}
+    info |= {"host": "127.0.0.1", "port": port, "max_payload": 1048576}
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"INFO " + json.dumps(info).encode() + b"\r\n")
+        await writer.drain()
+        while data := await reader.read(65536):
+            received.extend(data)
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", port)
+    try:
+        yield f"nats://127.0.0.1:{port}", received
+    finally:
+        server.close()
+
+
+async def plain_text_refusal(credentials: str) -> tuple[Outcome, bytes]:
+    async with plain_text_nats() as (url, received):
+        config = nats_config("relay-test.x", url=with_credentials(url, "tls", credentials))
+        async with nats_destination(config) as sender:
+            outcome = await sender.deliver(outbound(), timeout=3)
+        await asyncio.sleep(0)  # the server reads what is left
+        return outcome, bytes(received)
+
+
+@pytest.mark.parametrize("credentials", [ESCAPED, "tok%2Fen%40that-must-not-leak@", ""])
+async def test_a_tls_url_sends_nothing_to_a_server_that_does_not_switch_to_tls(
+    credentials: str,
+) -> None:
+    outcome, received = await plain_text_refusal(credentials)
+    assert not outcome.ok
+    assert outcome.error is not None and "did not switch to TLS" in outcome.error
+    assert received == b""  # no CONNECT (no password, no token), no event
+
+
+async def test_a_nats_url_still_talks_plain_text(tmp_path: Path) -> None:
+    """``nats://`` asks for nothing: the guard is for ``tls://`` only."""
+    with private_server(tmp_path, "-js", "-sd", str(tmp_path / "js")) as url:
+        client = await connect(url)
+        try:
+            stream = await create_stream(client.jetstream())
+            async with nats_destination(nats_config(f"{stream}.x", url=url)) as sender:
+                outcome = await sender.deliver(outbound(), timeout=3)
+        finally:
+            await client.close()
+    assert outcome.ok, outcome.error
+
+
+def test_the_guard_holds_on_uvloop(
+    server_files: tuple[Path, Path], trusted: None, tmp_path: Path
+) -> None:
+    """The embedded worker runs in `relay serve`'s loop, uvloop where it is installed."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        with private_server(tmp_path, *tls_nats_options(server_files, tmp_path / "js")) as url:
+            outcome, arrived = runner.run(nats_tls_delivery(url))
+        assert (outcome.ok, arrived) == (True, 1), outcome.error
+        refused, received = runner.run(plain_text_refusal(ESCAPED))
+    assert not refused.ok and received == b""
+
+
+async def test_a_token_in_the_url_is_given_as_the_token(tmp_path: Path) -> None:
+    options = ["-js", "-sd", str(tmp_path / "js"), "--auth", TOKEN]
+    with private_server(tmp_path, *options) as url:
+        good = url.replace("nats://", "nats://tok%2Fen%40that-must-not-leak@", 1)
+        client = await connect(url, token=TOKEN)
+        try:
+            stream = await create_stream(client.jetstream())
+            async with nats_destination(nats_config(f"{stream}.x", url=good)) as sender:
+                accepted = await sender.deliver(outbound(), timeout=3)
+            wrong = url.replace("nats://", "nats://not-the-token@", 1)
+            async with nats_destination(nats_config(f"{stream}.x", url=wrong)) as sender:
+                refused = await sender.deliver(outbound(), timeout=3)
+        finally:
+            await client.close()
+    assert accepted.ok, accepted.error
+    assert not refused.ok and refused.error is not None
+    assert "Authorization Violation" in refused.error and "not-the-token" not in refused.error
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("nats://h:4222", ConnectOptions("nats://h:4222")),
+        ("tls://u:p%40ss%2F@h:4222", ConnectOptions("tls://h:4222", user="u", password="p@ss/")),
+        ("nats://t%3Aok@h", ConnectOptions("nats://h", token="t:ok")),
+        ("nats://u:@h", ConnectOptions("nats://h", user="u", password="")),
+    ],
+)
+def test_credentials_come_out_of_the_url_percent_decoded(
+    url: str, expected: ConnectOptions
+) -> None:
+    assert ConnectOptions.from_url(url) == expected
+
+
+# --- MQTT ----------------------------------------------------------------------------------------
+
+
+async def mqtts_delivery(tmp_path: Path, server_files: tuple[Path, Path]) -> tuple[Outcome, int]:
+    """One event to a TLS listener of a private Mosquitto; (outcome, messages a subscriber on
+    its plain listener got)."""
+    certfile, keyfile = server_files
+    tls_port = free_port()
+    listener = [f"listener {tls_port} 127.0.0.1", f"certfile {certfile}", f"keyfile {keyfile}"]
+    with private_broker(tmp_path, *listener) as broker:
+        async with subscribed("relay-tls/#", 1, url=broker.url) as subscriber:
+            config = mqtt_config("relay-tls/{kind}", url=f"mqtts://127.0.0.1:{tls_port}")
+            async with mqtt_destination(config) as sender:
+                outcome = await sender.deliver(outbound(), timeout=3)
+            arrived = await subscriber.wait_for(1, timeout=2) if outcome.ok else []
+    return outcome, len(arrived)
+
+
+async def test_an_mqtts_url_delivers_over_tls_to_a_broker_it_trusts(
+    server_files: tuple[Path, Path], trusted: None, tmp_path: Path
+) -> None:
+    outcome, arrived = await mqtts_delivery(tmp_path, server_files)
+    assert outcome.ok, outcome.error
+    assert arrived == 1
+
+
+async def test_an_mqtts_url_fails_the_attempt_on_a_certificate_it_does_not_trust(
+    server_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    outcome, arrived = await mqtts_delivery(tmp_path, server_files)
+    assert not outcome.ok and arrived == 0
+    assert outcome.error is not None and "CERTIFICATE_VERIFY_FAILED" in outcome.error.upper()
+
+
+async def test_an_mqtts_url_sends_nothing_to_a_plain_listener(tmp_path: Path) -> None:
+    with private_broker(tmp_path) as broker:
+        async with subscribed("relay-tls/#", 1, url=broker.url) as subscriber:
+            tls_url = broker.url.replace("mqtt://", "mqtts://", 1)
+            async with mqtt_destination(mqtt_config("relay-tls/x", url=tls_url)) as sender:
+                outcome = await sender.deliver(outbound(), timeout=3)
+            await asyncio.sleep(0.3)  # what the broker got would have been routed by now
+    assert not outcome.ok and outcome.error
+    assert subscriber.messages == []
