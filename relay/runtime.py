@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +22,7 @@ from starlette.applications import Starlette
 from receivers import DEFAULT_SOURCE, create_app
 from receivers.config import ReceiverConfig
 from receivers.store import create_engine, utc_now
+from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
 from relay import migrate
 from relay.bootstrap import generated_token, token_source
 from relay.console.access import ConsoleAccess, console_access, mount_console
@@ -145,12 +147,20 @@ def embedded_pool() -> ArqRedis:
 
 async def connect_database(engine: AsyncEngine) -> None:
     """Open one connection: a database that is down, unknown or refuses the login is a
-    :class:`SettingsError` naming it (without its password), not a traceback."""
+    :class:`SettingsError` naming it (without its password), not a traceback. A SQLite file is
+    opened with the standard library first: a file that cannot be opened then never reaches the
+    async driver, whose thread would report it to an event loop that may be closed by then
+    (a traceback of that thread after the one-line error)."""
+    where = without_credentials(engine.url.render_as_string(hide_password=True))
+    path = sqlite_file(engine)
     try:
+        if path is not None:
+            sqlite3.connect(path, timeout=CONNECT_TIMEOUT_SECONDS).close()
         async with engine.connect():
             pass
+    except sqlite3.Error as exc:
+        raise SettingsError(f"cannot connect to the database at {where}: {exc}") from None
     except (OSError, TimeoutError, DBAPIError) as exc:
-        where = without_credentials(engine.url.render_as_string(hide_password=True))
         raise SettingsError(f"cannot connect to the database at {where}: {_reason(exc)}") from None
 
 
