@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import click
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from receivers.config import source_prefix
@@ -57,21 +58,61 @@ async def serve(
             print_callback_urls(runtime, host, port)
         if runtime.console is not None:
             print_console_url(runtime.console, host, port)
-        config = server_config(
-            runtime.app(), settings, host, port, log_level, access_log=access_log
-        )
+        app = RefusalUntold(runtime.app(), runtime)
+        config = server_config(app, settings, host, port, log_level, access_log=access_log)
         server = uvicorn.Server(config)
         log_redaction.install()
         config.load()  # import the HTTP protocol and build the app now, before the freeze
         freeze_startup_objects()
         try:
-            await server.serve()
+            with app.untold_by_uvicorn():
+                await server.serve()
         except SystemExit:  # uvicorn's exit when the app's start fails
             if runtime.refused is not None:
                 raise runtime.refused from None
             raise
     finally:
         await runtime.engine.dispose()
+
+
+STARTUP_FAILED_LINE = "Application startup failed. Exiting."
+"""What uvicorn logs when an app's start failed."""
+
+
+class RefusalUntold:
+    """The app, whose start refused by a setting (``runtime.refused``: a destination that can
+    never deliver) is told by `relay serve` alone, as one line: uvicorn would log the
+    lifespan's traceback and its own line first."""
+
+    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
+        self._app = app
+        self._runtime = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self._app(scope, receive, send)
+            return
+
+        async def told(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and self._runtime.refused:
+                message = {**message, "message": ""}
+            await send(message)
+
+        await self._app(scope, receive, told)
+
+    @contextlib.contextmanager
+    def untold_by_uvicorn(self) -> Iterator[None]:
+        """Meanwhile uvicorn's "startup failed" line is dropped after such a refusal."""
+
+        def keep(record: logging.LogRecord) -> bool:
+            return not (self._runtime.refused and record.getMessage() == STARTUP_FAILED_LINE)
+
+        logger = logging.getLogger("uvicorn.error")
+        logger.addFilter(keep)
+        try:
+            yield
+        finally:
+            logger.removeFilter(keep)
 
 
 def server_config(

@@ -591,6 +591,8 @@ async def test_relay_worker_and_serve_refuse_a_server_without_jetstream(
     code, output = serve
     assert code == 1, output  # the server's own start-up report, then the same one line
     assert f"Error: {reason}" in output
+    assert "Traceback" not in output and "startup failed" not in output
+    assert output.count(reason) == 1
     for _, output in (worker, serve):
         assert PASSWORD not in output
 
