@@ -27,6 +27,8 @@ from relay.durations import Duration
 from relay.policies import Policy, PolicyConfigs, resolve_policies
 from relay.router import PLATFORM_POLICY
 
+ENV_PREFIX = "RELAY_"
+"""``RELAY_<KEY>`` overrides a top-level key of the file."""
 CONFIG_ENV = "RELAY_CONFIG"
 LOCAL_CONFIG = "relay.toml"
 """The config file a command reads from its working directory when neither ``--config`` nor
@@ -45,7 +47,7 @@ class SettingsError(Exception):
 class Settings(BaseSettings):
     """Everything `relay` is configured with; ``RELAY_<KEY>`` overrides a top-level key."""
 
-    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
     database_url: str = DEFAULT_DATABASE_URL
     max_body_bytes: Count = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
@@ -189,10 +191,20 @@ def load_settings(path: Path | None) -> Settings:
         raise SettingsError(f"invalid environment setting: {exc}") from None
 
 
-def _describe(exc: ValidationError, path: Path | None) -> str:
-    where = f" in {path}" if path else ""
-    lines = [f"invalid configuration{where}:"]
+def _describe(
+    exc: ValidationError, path: Path | None, environ: Mapping[str, str] = os.environ
+) -> str:
+    """One line per error, naming the ``RELAY_*`` variable where the value came from one (it
+    wins over the file), and the file in the first line where any came from it."""
+    variables = {name.upper(): name for name in environ}  # pydantic-settings ignores case
+    lines, from_file = [], False
     for error in exc.errors(include_url=False, include_input=False):
         location = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        lines.append(f"  {location}: {error['msg']}")
-    return "\n".join(lines)
+        variable = f"{ENV_PREFIX}{error['loc'][0]}".upper() if error["loc"] else ""
+        if variable in variables:
+            lines.append(f"  {location} (from {variables[variable]}): {error['msg']}")
+        else:
+            from_file = True
+            lines.append(f"  {location}: {error['msg']}")
+    where = f" in {path}" if path and from_file else ""
+    return "\n".join([f"invalid configuration{where}:", *lines])

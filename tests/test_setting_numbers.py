@@ -27,10 +27,13 @@ def _config(tmp_path: Path, lines: str = "") -> Path:
 def test_a_count_from_the_environment_is_digits_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, text: str
 ) -> None:
-    monkeypatch.setenv(f"RELAY_{key.upper()}", text)
-    with pytest.raises(SettingsError, match=rf"{key}: .*expected a whole number in digits") as err:
+    variable = f"RELAY_{key.upper()}"
+    monkeypatch.setenv(variable, text)
+    expected = rf"{key} \(from {variable}\): .*expected a whole number in digits"
+    with pytest.raises(SettingsError, match=expected) as err:
         load_settings(_config(tmp_path))
     assert "9" * 100 not in str(err.value)  # a huge value is not repeated whole
+    assert "relay.toml" not in str(err.value)  # the file is not to blame
 
 
 @pytest.mark.parametrize("key", COUNTS)
@@ -83,7 +86,23 @@ def test_a_duration_from_the_environment_is_ascii_digits_and_a_unit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
 ) -> None:
     monkeypatch.setenv("RELAY_SWEEP_INTERVAL", text)
-    with pytest.raises(SettingsError, match=r"sweep_interval: .*not a duration"):
+    expected = r"sweep_interval \(from RELAY_SWEEP_INTERVAL\): .*not a duration"
+    with pytest.raises(SettingsError, match=expected):
         load_settings(_config(tmp_path))
     monkeypatch.setenv("RELAY_SWEEP_INTERVAL", "1.5s")
     assert load_settings(_config(tmp_path)).sweep_interval.total_seconds() == 1.5
+
+
+def test_each_error_names_where_its_value_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("relay_destinations", '{"x": {"type": "http", "url": "ftp://h"}}')
+    config = _config(tmp_path, "worker_concurrency = 0")
+    with pytest.raises(SettingsError) as err:
+        load_settings(config)
+    assert str(err.value).splitlines() == [
+        f"invalid configuration in {config}:",
+        "  destinations.x.http.url (from relay_destinations): Value error, url must be an "
+        "http:// or https:// URL (not ftp://)",
+        "  worker_concurrency: Input should be greater than or equal to 1",
+    ]
