@@ -194,10 +194,11 @@ async def test_a_token_in_the_url_is_given_as_the_token(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("nats://h:4222", ConnectOptions("nats://h:4222")),
-        ("tls://u:p%40ss%2F@h:4222", ConnectOptions("tls://h:4222", user="u", password="p@ss/")),
-        ("nats://t%3Aok@h", ConnectOptions("nats://h", token="t:ok")),
-        ("nats://u:@h", ConnectOptions("nats://h", user="u", password="")),
+        ("nats://h:4222", ConnectOptions(("nats://h:4222",))),
+        ("tls://u:p%40ss%2F@h:4222", ConnectOptions(("tls://h:4222",), "u", "p@ss/")),
+        ("nats://t%3Aok@h", ConnectOptions(("nats://h",), token="t:ok")),
+        ("nats://u:@h", ConnectOptions(("nats://h",), user="u", password="")),
+        ("nats://a,nats://u:p@b", ConnectOptions(("nats://a", "nats://b"), "u", "p")),
     ],
 )
 def test_credentials_come_out_of_the_url_percent_decoded(

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -442,6 +443,13 @@ async def test_a_server_that_goes_away_and_comes_back_needs_no_restart(tmp_path:
         ({"url": "nats://:4222"}, "url must name a host"),
         ({"url": "nats://127.0.0.1:42x"}, "invalid port"),
         ({"url": "nats://h:4222/?x=1"}, "cannot hold a query"),
+        ({"url": "nats://a:4222,"}, "joined by single commas"),
+        ({"url": "nats://a:4222,,nats://b:4222"}, "joined by single commas"),
+        ({"url": "nats://a:4222, nats://b:4222"}, "cannot hold spaces"),
+        ({"url": "nats://a:4222,tls://b:4222"}, "all nats:// or all tls://"),
+        ({"url": "nats://u:p@a:4222,nats://u:q@b:4222"}, "the same user and password"),
+        ({"url": "nats://u:p@a:4222,nats://b:4x"}, "invalid port"),
+        ({"url": ",".join(["nats://a:4222"] * 33)}, "more than 32 servers"),
         ({"subject": ""}, "cannot be empty"),
         ({"subject": "a.*"}, "cannot hold '*'"),
         ({"subject": "a.>"}, "cannot hold '>'"),
@@ -459,6 +467,33 @@ def test_hostile_settings_are_refused(changes: dict[str, Any], message: str) -> 
     data = {"type": "nats", "url": NATS_URL, "subject": "x.{kind}"} | changes
     with pytest.raises(ValidationError, match=message.replace("*", r"\*").replace(".", r"\.")):
         NatsDestinationConfig(**data)
+
+
+def test_a_server_list_is_shown_without_credentials() -> None:
+    config = nats_config(url=f"tls://relay:{PASSWORD}@a:4222,tls://b:4222")
+    assert config.target() == "tls://a:4222,tls://b:4222 subject relay-test.{kind}"
+
+
+async def test_the_servers_of_a_list_are_tried_in_turn(tmp_path: Path) -> None:
+    """A cluster's seeds: the destination delivers through whichever of them answers."""
+    down = f"nats://relay:{PASSWORD}@127.0.0.1:{free_port()}"
+    with private_server(
+        tmp_path, "-js", "-sd", str(tmp_path / "js"), "--user", "relay", "--pass", PASSWORD
+    ) as url:
+        client = await connect(url, user="relay", password=PASSWORD)
+        try:
+            stream = await create_stream(client.jetstream())
+            up = url.replace("nats://", f"nats://relay:{PASSWORD}@", 1)
+            for number, servers in enumerate((f"{down},{up}", f"{up},{down}")):
+                event = outbound(event_id=f"seeds-{number}")
+                async with destination(nats_config(f"{stream}.x", url=servers)) as sender:
+                    outcome = await until(
+                        partial(sender.deliver, event, timeout=2), lambda o: o.ok, 15
+                    )
+                assert outcome.ok and PASSWORD not in str(outcome)
+            assert await stream_count(client.jetstream(), stream) == 2
+        finally:
+            await client.close()
 
 
 # --- a relay worker -----------------------------------------------------------------------------

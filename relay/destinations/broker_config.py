@@ -56,6 +56,33 @@ def broker_url(value: str, schemes: tuple[str, ...], *, query: bool = False) -> 
     return value
 
 
+NATS_SCHEMES = ("nats", "tls")
+NATS_MAX_SERVERS = 32
+
+
+def nats_servers(value: str) -> list[str]:
+    """The server URLs of a NATS destination's ``url``: one, or several joined by commas (the
+    seeds of a cluster, tried in turn), all ``nats://`` or all ``tls://``, with the same
+    credentials where any are given (they are the client's)."""
+    urls = value.split(",")
+    if len(urls) > NATS_MAX_SERVERS:
+        raise ValueError(f"url lists more than {NATS_MAX_SERVERS} servers")
+    if len(urls) > 1 and not all(urls):
+        raise ValueError("url lists servers joined by single commas, without spaces")
+    for url in urls:
+        broker_url(url, NATS_SCHEMES)
+    if len({urlsplit(url).scheme for url in urls}) > 1:
+        raise ValueError("the servers of url must be all nats:// or all tls://")
+    if len({urlsplit(url).netloc.rpartition("@")[0] for url in urls} - {""}) > 1:
+        raise ValueError("the servers of url must have the same user and password, or none")
+    return urls
+
+
+def shown_servers(value: str) -> str:
+    """A NATS ``url`` to show: each server without its credentials."""
+    return ",".join(without_credentials(url) for url in value.split(","))
+
+
 AMQP_TLS_PARAMETERS = ("cafile", "capath", "certfile", "keyfile", "no_verify_ssl")
 AMQP_AUTH_MECHANISMS = ("plain", "external")
 """The SASL mechanisms the AMQP client (aiormq) speaks."""
@@ -211,17 +238,18 @@ class NatsDestinationConfig(BrokerDestinationBase):
     type: Literal["nats"]
     url: str
     """``nats://[user:password@]host:4222``, ``nats://TOKEN@host`` (or ``tls://``: TLS or
-    nothing, see :mod:`relay.destinations.nats_connect`)."""
+    nothing, see :mod:`relay.destinations.nats_connect`); several servers joined by commas."""
     subject: str
     """A template, as ``"callbacks.{kind}.{source}"``."""
 
     def target(self) -> str:
-        return f"{without_credentials(self.url)} subject {self.subject}"
+        return f"{shown_servers(self.url)} subject {self.subject}"
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        return broker_url(value, ("nats", "tls"))
+        nats_servers(value)
+        return value
 
     @field_validator("subject")
     @classmethod

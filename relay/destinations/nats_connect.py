@@ -67,31 +67,35 @@ class TlsGuard:
 
 @dataclass(frozen=True)
 class ConnectOptions:
-    """nats-py ``connect`` arguments for a destination URL: the server without credentials,
-    and the credentials (user and password, or a token: ``nats://TOKEN@host``) percent-decoded,
-    since nats-py would send them as written in the URL."""
+    """nats-py ``connect`` arguments for a destination URL (one server, or several joined by
+    commas, as :func:`~relay.destinations.broker_config.nats_servers` admits them): the servers
+    without credentials, and the credentials (user and password, or a token:
+    ``nats://TOKEN@host``) percent-decoded, since nats-py would send them as written."""
 
-    server: str
+    servers: tuple[str, ...]
     user: str | None = None
     password: str | None = None
     token: str | None = None
 
     @classmethod
     def from_url(cls, url: str) -> ConnectOptions:
-        parts = urlsplit(url)
-        if parts.username is None:
-            return cls(url)
-        host = parts.netloc.rpartition("@")[2]
-        bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-        if parts.password is None:
-            return cls(bare, token=unquote(parts.username))
-        return cls(bare, user=unquote(parts.username), password=unquote(parts.password))
+        servers = [urlsplit(server) for server in url.split(",")]
+        bare = tuple(
+            urlunsplit((p.scheme, p.netloc.rpartition("@")[2], p.path, p.query, p.fragment))
+            for p in servers
+        )
+        given = next((p for p in servers if p.username is not None), None)
+        if given is None or given.username is None:
+            return cls(bare)
+        if given.password is None:
+            return cls(bare, token=unquote(given.username))
+        return cls(bare, user=unquote(given.username), password=unquote(given.password))
 
     def arguments(self, guard: TlsGuard | None) -> dict[str, Any]:
         """``servers``, the credentials and, with a ``guard``, its TLS context: the secret (or
         an empty token, where there is none) is then given through the guard, so that each
         CONNECT is checked."""
-        given: dict[str, Any] = {"servers": self.server}
+        given: dict[str, Any] = {"servers": list(self.servers)}
         if self.password is not None:
             given["user"] = self.user
             given["password"] = self.password if guard is None else guard.passing(self.password)
@@ -104,5 +108,5 @@ class ConnectOptions:
 
 
 def wants_tls(url: str) -> bool:
-    """Whether ``url`` asks for TLS (``tls://``)."""
-    return urlsplit(url).scheme == TLS_SCHEME
+    """Whether ``url`` asks for TLS (``tls://``; every server of a list has one scheme)."""
+    return urlsplit(url.split(",")[0]).scheme == TLS_SCHEME

@@ -40,13 +40,12 @@ from nats.errors import OutboundBufferLimitError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
-from relay.destinations.broker_config import NatsDestinationConfig
+from relay.destinations.broker_config import NatsDestinationConfig, shown_servers
 from relay.destinations.errors import (
     DestinationRefused,
     describe_error,
     storable,
     timeout_error,
-    without_credentials,
 )
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.nats_connect import (
@@ -93,7 +92,7 @@ class NatsDestination:
     def __init__(self, name: str, config: NatsDestinationConfig) -> None:
         self.name = name
         self._url = config.url
-        self._where = without_credentials(config.url)
+        self._where = shown_servers(config.url)
         self._subject = NameTemplate(config.subject)
         self._format = config.format
         self._headers = MessageHeaders([s.get_secret_value() for s in config.secret])
