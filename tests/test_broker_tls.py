@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
 import uvloop
+from pydantic import ValidationError
 
+from relay.destinations.errors import DestinationRefused
+from relay.destinations.mqtt import MqttDestination
 from relay.destinations.nats_connect import ConnectOptions
+from relay.destinations.nats_jetstream import NatsDestination
 from relay.destinations.outcome import Outcome
 from tests.amqp_support import outbound
 from tests.mqtt_support import private_broker, subscribed
@@ -250,3 +256,126 @@ async def test_an_mqtts_url_sends_nothing_to_a_plain_listener(tmp_path: Path) ->
             await asyncio.sleep(0.3)  # what the broker got would have been routed by now
     assert not outcome.ok and outcome.error
     assert subscriber.messages == []
+
+
+# --- TLS files: a private CA and a client certificate ---------------------------------------------
+
+
+@pytest.fixture
+def client_files(tmp_path: Path) -> tuple[trustme.CA, Path, Path]:
+    """A CA of the brokers' own for client certificates, and a client certificate (and key)
+    it issued."""
+    client_ca = trustme.CA()
+    issued = client_ca.issue_cert("relay-client@example.com")
+    certfile, keyfile = tmp_path / "client.pem", tmp_path / "client.key"
+    issued.cert_chain_pems[0].write_to_path(str(certfile))
+    issued.private_key_pem.write_to_path(str(keyfile))
+    return client_ca, certfile, keyfile
+
+
+def ca_file(ca: trustme.CA, path: Path) -> Path:
+    ca.cert_pem.write_to_path(str(path))
+    return path
+
+
+async def test_nats_takes_a_cafile_and_presents_the_client_certificate(
+    ca: trustme.CA,
+    server_files: tuple[Path, Path],
+    client_files: tuple[trustme.CA, Path, Path],
+    tmp_path: Path,
+) -> None:
+    client_ca, certfile, keyfile = client_files
+    cafile = ca_file(ca, tmp_path / "ca.pem")
+    verify = ["--tlsverify", "--tlscacert", str(ca_file(client_ca, tmp_path / "client-ca.pem"))]
+    options = [*tls_nats_options(server_files, tmp_path / "js"), *verify]
+    with private_server(tmp_path, *options) as url:
+        tls = ssl.create_default_context(cafile=str(cafile))
+        tls.load_cert_chain(certfile, keyfile)
+        client = await connect(url, user="relay", password=PASSWORD, tls=tls)
+        try:
+            js = client.jetstream()
+            stream = await create_stream(js)
+            secure = with_credentials(url, "tls", ESCAPED)
+            files = {"cafile": str(cafile), "certfile": str(certfile), "keyfile": str(keyfile)}
+            async with nats_destination(nats_config(f"{stream}.x", secure, **files)) as sender:
+                accepted = await sender.deliver(outbound(), timeout=5)
+            no_certificate = nats_config(f"{stream}.x", secure, cafile=str(cafile))
+            async with nats_destination(no_certificate) as sender:
+                refused = await sender.deliver(outbound(), timeout=3)
+            arrived = await read_stream(js, stream, 1, timeout=2)
+        finally:
+            await client.close()
+    assert accepted.ok, accepted.error
+    assert len(arrived) == 1
+    assert not refused.ok and refused.error
+
+
+async def test_mqtt_takes_a_cafile_and_presents_the_client_certificate(
+    ca: trustme.CA,
+    server_files: tuple[Path, Path],
+    client_files: tuple[trustme.CA, Path, Path],
+    tmp_path: Path,
+) -> None:
+    client_ca, certfile, keyfile = client_files
+    cafile = ca_file(ca, tmp_path / "ca.pem")
+    server_cert, server_key = server_files
+    tls_port = free_port()
+    listener = [
+        f"listener {tls_port} 127.0.0.1",
+        f"certfile {server_cert}",
+        f"keyfile {server_key}",
+        f"cafile {ca_file(client_ca, tmp_path / 'client-ca.pem')}",
+        "require_certificate true",
+    ]
+    url = f"mqtts://127.0.0.1:{tls_port}"
+    files = {"cafile": str(cafile), "certfile": str(certfile), "keyfile": str(keyfile)}
+    with private_broker(tmp_path, *listener) as broker:
+        async with subscribed("relay-tls/#", 1, url=broker.url) as subscriber:
+            async with mqtt_destination(mqtt_config("relay-tls/a", url, **files)) as sender:
+                accepted = await sender.deliver(outbound(), timeout=3)
+            arrived = await subscriber.wait_for(1, timeout=2)
+            no_certificate = mqtt_config("relay-tls/b", url, cafile=str(cafile))
+            async with mqtt_destination(no_certificate) as sender:
+                refused = await sender.deliver(outbound(), timeout=3)
+    assert accepted.ok, accepted.error
+    assert len(arrived) == 1
+    assert not refused.ok and refused.error
+
+
+@pytest.mark.parametrize("broker", ["nats", "mqtt"])
+@pytest.mark.parametrize("key", ["cafile", "certfile"])
+async def test_tls_files_that_cannot_be_used_stop_the_start_naming_them(
+    broker: str, key: str, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "nope.pem")
+    if broker == "nats":
+        sender: Any = NatsDestination(
+            "bus", nats_config("a.b", "tls://127.0.0.1:1", **{key: missing})
+        )
+    else:
+        sender = MqttDestination("bus", mqtt_config("a/b", "mqtts://127.0.0.1:1", **{key: missing}))
+    with pytest.raises(DestinationRefused, match=f"{key}='{missing}'"):
+        await sender.start()
+    await sender.aclose()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"cafile": "/ca.pem"}, "need a tls:// url"),
+        ({"url": "tls://h", "keyfile": "/k.pem"}, "keyfile needs certfile"),
+        ({"url": "tls://h", "cafile": ""}, "the path of a file"),
+        ({"url": "tls://h", "certfile": "/c\n.pem"}, "the path of a file"),
+        ({"url": "tls://h", "cafile": "/" * 5000}, "the path of a file"),
+        ({"url": "tls://h", "cafile": 3}, "valid string"),
+    ],
+)
+def test_tls_files_need_tls_and_a_path(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        nats_config("a.b", **({"url": "nats://h"} | changes))
+    mqtt_changes = {
+        k: v.replace("tls://", "mqtts://") if k == "url" else v for k, v in changes.items()
+    }
+    mqtt_message = message.replace("tls://", "mqtts://")
+    with pytest.raises(ValidationError, match=mqtt_message):
+        mqtt_config("a/b", **({"url": "mqtt://h"} | mqtt_changes))

@@ -53,6 +53,7 @@ from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
 from relay.destinations.templates import NameTemplate
+from relay.destinations.tls_files import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -315,43 +316,14 @@ def _since(started: float) -> float:
 def tls_context(url: URL) -> ssl.SSLContext | None:
     """The TLS context of an ``amqps://`` URL (``None`` for ``amqp://``), from its query as
     aio-pika reads it: ``cafile``/``capath`` (else the system's CA certificates), ``certfile``
-    and ``keyfile`` (a client certificate), ``no_verify_ssl=1``. Built once, at start, so that
-    a file that is missing or not PEM is a :class:`DestinationRefused` naming it rather than
-    a vague error at every attempt, and so that an encrypted key is refused rather than asked
-    for on the worker's terminal."""
+    and ``keyfile`` (a client certificate), ``no_verify_ssl=1``; see :class:`TlsFiles`."""
     if url.scheme != "amqps":
         return None
     query = url.query
-    cafile, capath = query.get("cafile"), query.get("capath")
-    try:
-        context = ssl.create_default_context(cafile=cafile, capath=capath)
-    except (OSError, ValueError) as exc:
-        where = " and ".join(f"{k}={v!r}" for k, v in (("cafile", cafile), ("capath", capath)) if v)
-        raise DestinationRefused(
-            f"cannot load the CA certificates of {where or 'the system'}: {describe_error(exc)}"
-        ) from None
-    certfile, keyfile = query.get("certfile"), query.get("keyfile")  # keyfile needs certfile
-    if certfile:
-        try:
-            context.load_cert_chain(certfile, keyfile, password=_no_password)
-        except _EncryptedKey:
-            raise DestinationRefused(
-                f"the key of certfile={certfile!r} is encrypted; give an unencrypted keyfile"
-            ) from None
-        except (OSError, ValueError) as exc:
-            files = f"certfile={certfile!r}" + (f" and keyfile={keyfile!r}" if keyfile else "")
-            raise DestinationRefused(
-                f"cannot load the client certificate of {files}: {describe_error(exc)}"
-            ) from None
-    if query.get("no_verify_ssl") == "1":
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-class _EncryptedKey(Exception):
-    """A client key that needs a password, which the URL cannot give."""
-
-
-def _no_password() -> str:
-    raise _EncryptedKey
+    return TlsFiles(
+        cafile=query.get("cafile"),
+        capath=query.get("capath"),
+        certfile=query.get("certfile"),
+        keyfile=query.get("keyfile"),  # keyfile needs certfile
+        verify=query.get("no_verify_ssl") != "1",
+    ).context()

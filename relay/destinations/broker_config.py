@@ -19,6 +19,7 @@ from relay.destinations.base_config import DestinationBase, Secrets
 from relay.destinations.errors import without_credentials
 from relay.destinations.outbound import BodyFormat
 from relay.destinations.templates import NameTemplate
+from relay.destinations.tls_files import TlsFiles
 
 AMQP_NAME_BYTES = 255
 """AMQP's limit on routing keys (a short string)."""
@@ -36,6 +37,33 @@ class BrokerDestinationBase(DestinationBase):
     format: BodyFormat = "envelope"
     secret: Secrets = Field(default_factory=list)
     """``whsec_...`` secrets: each message carries a ``webhook-signature`` header."""
+
+
+class BrokerTlsFiles(BrokerDestinationBase):
+    """The TLS files of a broker destination whose URL asks for TLS: ``cafile`` (the CAs that
+    sign the broker's certificate; by default the system's), ``certfile`` and ``keyfile`` (a
+    client certificate, for a broker that asks for one)."""
+
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    @field_validator("cafile", "certfile", "keyfile")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and (not value or not value.isprintable() or len(value) > 4096):
+            raise ValueError("must be the path of a file: one printable line, not empty")
+        return value
+
+    def tls_files(self, tls: bool) -> TlsFiles | None:
+        """What the destination's TLS context is made of, where its URL asks for TLS."""
+        return TlsFiles(self.cafile, None, self.certfile, self.keyfile) if tls else None
+
+    def check_tls_files(self, tls: bool, scheme: str) -> None:
+        if not tls and (self.cafile or self.certfile or self.keyfile):
+            raise ValueError(f"cafile, certfile and keyfile need a {scheme}:// url")
+        if self.keyfile and not self.certfile:
+            raise ValueError("keyfile needs certfile")
 
 
 def broker_url(value: str, schemes: tuple[str, ...], *, query: bool = False) -> str:
@@ -232,7 +260,7 @@ class AmqpDestinationConfig(BrokerDestinationBase):
         return self
 
 
-class NatsDestinationConfig(BrokerDestinationBase):
+class NatsDestinationConfig(BrokerTlsFiles):
     """Publish to NATS JetStream; a stream must capture the subjects (core NATS is refused)."""
 
     type: Literal["nats"]
@@ -244,6 +272,16 @@ class NatsDestinationConfig(BrokerDestinationBase):
 
     def target(self) -> str:
         return f"{shown_servers(self.url)} subject {self.subject}"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the url asks for TLS (``tls://``)."""
+        return self.url.startswith("tls://")
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> NatsDestinationConfig:
+        self.check_tls_files(self.tls, "tls")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -263,7 +301,7 @@ class NatsDestinationConfig(BrokerDestinationBase):
         return value
 
 
-class MqttDestinationConfig(BrokerDestinationBase):
+class MqttDestinationConfig(BrokerTlsFiles):
     """Publish to an MQTT 5 broker with QoS 1 or 2, retain off."""
 
     type: Literal["mqtt"]
@@ -278,6 +316,16 @@ class MqttDestinationConfig(BrokerDestinationBase):
 
     def target(self) -> str:
         return f"{without_credentials(self.url)} topic {self.topic} QoS {self.qos}"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the url asks for TLS (``mqtts://``)."""
+        return self.url.startswith("mqtts://")
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> MqttDestinationConfig:
+        self.check_tls_files(self.tls, "mqtts")
+        return self
 
     @field_validator("url")
     @classmethod

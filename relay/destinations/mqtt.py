@@ -40,7 +40,12 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from relay.destinations.broker_config import MqttDestinationConfig
-from relay.destinations.errors import describe_error, timeout_error, without_credentials
+from relay.destinations.errors import (
+    DestinationRefused,
+    describe_error,
+    timeout_error,
+    without_credentials,
+)
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
@@ -111,9 +116,15 @@ class MqttConnection:
 
     @classmethod
     async def open(
-        cls, endpoint: Endpoint, client_id: str, *, connect_timeout: float
+        cls,
+        endpoint: Endpoint,
+        client_id: str,
+        *,
+        connect_timeout: float,
+        tls: ssl.SSLContext | None = None,
     ) -> MqttConnection:
-        """Connect and wait for the broker's CONNACK; raises MqttError or OSError."""
+        """Connect (over TLS with ``tls``, an ``mqtts://`` endpoint's context: the system's
+        CAs by default) and wait for the broker's CONNACK; raises MqttError or OSError."""
         loop = asyncio.get_running_loop()
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
@@ -124,7 +135,7 @@ class MqttConnection:
         if endpoint.username is not None:
             client.username_pw_set(endpoint.username, endpoint.password)
         if endpoint.tls:
-            client.tls_set_context(ssl.create_default_context())
+            client.tls_set_context(tls or ssl.create_default_context())
         client.connect_timeout = connect_timeout
         connection = cls(client, loop)
         # connect() resolves, connects (and shakes hands for TLS) with blocking calls, then
@@ -330,6 +341,8 @@ class MqttDestination:
         self.name = name
         self._url = config.url
         self._endpoint = Endpoint.from_url(config.url)
+        self._tls_files = config.tls_files(config.tls)
+        self._tls: ssl.SSLContext | None = None
         self._topic = NameTemplate(config.topic)
         self._qos = config.qos
         self._format = config.format
@@ -349,8 +362,11 @@ class MqttDestination:
         return self._topic.render(outbound)
 
     async def start(self) -> None:
-        """Connect ahead of the first delivery; a broker that cannot be reached is logged
-        (without credentials) and left to the deliveries' retries."""
+        """Load the TLS files (one that cannot be used raises :class:`DestinationRefused`
+        naming it), then connect ahead of the first delivery; a broker that cannot be reached
+        is logged (without credentials) and left to the deliveries' retries."""
+        if self._tls_files is not None:
+            self._tls = self._tls_files.context()  # DestinationRefused: the worker stops
         if self._qos == 2:
             log.warning(
                 "destination %s: with qos 2 a publish the broker refuses (an ACL) counts as "
@@ -413,8 +429,13 @@ class MqttDestination:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+            if self._tls is None and self._tls_files is not None:
+                try:
+                    self._tls = self._tls_files.context()
+                except DestinationRefused as refused:
+                    raise MqttError(str(refused)) from None  # a failed attempt
             self._connection = await MqttConnection.open(
-                self._endpoint, self._client_id, connect_timeout=timeout
+                self._endpoint, self._client_id, connect_timeout=timeout, tls=self._tls
             )
             return self._connection
 

@@ -19,8 +19,6 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from nats.errors import Error as NatsError
 
-TLS_SCHEME = "tls"
-
 
 class PlainTextRefused(NatsError):
     """A ``tls://`` destination's connection was not upgraded to TLS (a nats-py error, so
@@ -28,13 +26,14 @@ class PlainTextRefused(NatsError):
 
 
 class TlsGuard:
-    """The TLS context of a ``tls://`` destination (the system's CAs, as nats-py's own) and
-    the check that each CONNECT follows a TLS handshake made with it."""
+    """The TLS context of a ``tls://`` destination's client (a context of its own: the guard
+    watches its handshakes) and the check that each CONNECT follows a TLS handshake made with
+    it."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, context: ssl.SSLContext) -> None:
         self._where = where
         self._handshakes = 0
-        self.context = ssl.create_default_context()
+        self.context = context
         self.context.sslobject_class = self._witnessed()
 
     def _witnessed(self) -> type[ssl.SSLObject]:
@@ -105,8 +104,3 @@ class ConnectOptions:
         if guard is not None:
             given["tls"] = guard.context
         return given
-
-
-def wants_tls(url: str) -> bool:
-    """Whether ``url`` asks for TLS (``tls://``; every server of a list has one scheme)."""
-    return urlsplit(url.split(",")[0]).scheme == TLS_SCHEME

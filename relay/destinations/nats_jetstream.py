@@ -52,11 +52,11 @@ from relay.destinations.nats_connect import (
     ConnectOptions,
     PlainTextRefused,
     TlsGuard,
-    wants_tls,
 )
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
 from relay.destinations.templates import NameTemplate
+from relay.destinations.tls_files import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class NatsDestination:
     def __init__(self, name: str, config: NatsDestinationConfig) -> None:
         self.name = name
         self._url = config.url
+        self._tls_files = config.tls_files(config.tls)
         self._where = shown_servers(config.url)
         self._subject = NameTemplate(config.subject)
         self._format = config.format
@@ -117,7 +118,10 @@ class NatsDestination:
         """Connect and ask JetStream for the account's information, within the destination's
         timeout. A server without JetStream raises :class:`DestinationRefused`; a server that
         is down (or slow) is only logged, without credentials: nats-py keeps trying, and the
-        deliveries fail and wait under the policy meanwhile."""
+        deliveries fail and wait under the policy meanwhile. TLS files that cannot be used
+        raise :class:`DestinationRefused` naming them."""
+        if self._tls_files is not None:
+            self._tls_files.context()
         try:
             async with asyncio.timeout(self._start_timeout):
                 link = await self._ready()
@@ -194,7 +198,7 @@ class NatsDestination:
             if self._link is None or self._link.dead:
                 if self._link is not None:
                     await self._link.close()
-                self._link = _Link(self.name, self._url, self._where)
+                self._link = _Link(self.name, self._url, self._where, self._tls_files)
             link = self._link
         if not link.client.is_connected:
             await link.answered.wait()
@@ -262,7 +266,7 @@ class _Link:
     until it succeeds). Its callbacks log through :func:`describe` (nats-py's default
     error callback would log each error with its traceback)."""
 
-    def __init__(self, destination: str, url: str, where: str) -> None:
+    def __init__(self, destination: str, url: str, where: str, tls_files: TlsFiles | None) -> None:
         self.client = Client()
         self.problem: str | None = None
         """The latest error nats-py reported: an attempt's error while not connected."""
@@ -276,7 +280,9 @@ class _Link:
         self._js: JetStreamContext | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Resolved when the current connection is lost (a new one for each connection)."""
-        self._task = asyncio.create_task(self._connect(url), name=f"nats-connect-{destination}")
+        self._task = asyncio.create_task(
+            self._connect(url, tls_files), name=f"nats-connect-{destination}"
+        )
 
     @property
     def dead(self) -> bool:
@@ -296,9 +302,9 @@ class _Link:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self.client.close()
 
-    async def _connect(self, url: str) -> None:
-        guard = TlsGuard(self._where) if wants_tls(url) else None
+    async def _connect(self, url: str, tls_files: TlsFiles | None) -> None:
         try:
+            guard = None if tls_files is None else TlsGuard(self._where, tls_files.context())
             await self.client.connect(
                 **ConnectOptions.from_url(url).arguments(guard),
                 name=f"callback-relay:{self._destination}",

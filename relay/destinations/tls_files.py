@@ -1,0 +1,64 @@
+"""A broker destination's TLS context from the files it names: the CAs to trust and a client
+certificate. Built when the worker starts, so that a file that is missing or not PEM is a
+:class:`DestinationRefused` naming it, not a vague error at every attempt, and an encrypted key
+is refused rather than asked for on the worker's terminal."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+from relay.destinations.errors import DestinationRefused, describe_error
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """``cafile``/``capath`` (else the system's CAs, and those of ``SSL_CERT_FILE`` and
+    ``SSL_CERT_DIR``), ``certfile`` and ``keyfile`` (a client certificate; the key may be in
+    ``certfile``), and whether the server's certificate is verified."""
+
+    cafile: str | None = None
+    capath: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    verify: bool = True
+
+    def context(self) -> ssl.SSLContext:
+        """The client context; :class:`DestinationRefused` naming the file that cannot be used."""
+        try:
+            context = ssl.create_default_context(cafile=self.cafile, capath=self.capath)
+        except (OSError, ValueError) as exc:
+            named = (("cafile", self.cafile), ("capath", self.capath))
+            where = " and ".join(f"{key}={value!r}" for key, value in named if value)
+            raise DestinationRefused(
+                f"cannot load the CA certificates of {where or 'the system'}: {describe_error(exc)}"
+            ) from None
+        if self.certfile:
+            self._load_client_certificate(context, self.certfile)
+        if not self.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def _load_client_certificate(self, context: ssl.SSLContext, certfile: str) -> None:
+        try:
+            context.load_cert_chain(certfile, self.keyfile, password=_no_password)
+        except _EncryptedKey:
+            raise DestinationRefused(
+                f"the key of certfile={certfile!r} is encrypted; give an unencrypted keyfile"
+            ) from None
+        except (OSError, ValueError) as exc:
+            files = f"certfile={certfile!r}" + (
+                f" and keyfile={self.keyfile!r}" if self.keyfile else ""
+            )
+            raise DestinationRefused(
+                f"cannot load the client certificate of {files}: {describe_error(exc)}"
+            ) from None
+
+
+class _EncryptedKey(Exception):
+    """A client key that needs a password, which the settings cannot give."""
+
+
+def _no_password() -> str:
+    raise _EncryptedKey
