@@ -112,17 +112,24 @@ async def test_a_tls_url_fails_the_attempt_on_a_certificate_it_does_not_trust(
 
 
 @asynccontextmanager
-async def plain_text_nats() -> AsyncIterator[tuple[str, bytearray]]:
-    """A server that answers as NATS does, without asking for TLS, and keeps every byte it is
-    sent: (its URL, those bytes)."""
+async def plain_text_nats(
+    tls: ssl.SSLContext | None = None, **fields: object
+) -> AsyncIterator[tuple[str, bytearray]]:
+    """A server that answers as NATS does, without asking for TLS (with ``tls``, a server
+    context: asking for it, and switching), its INFO holding ``fields`` too, and keeps every
+    byte it is sent (after the switch: decrypted): (its URL, those bytes)."""
     received = bytearray()
     port = free_port()
     info = {"server_id": "PLAIN", "version": "2.10.0", "proto": 1, "headers": True}
-    info |= {"host": "127.0.0.1", "port": port, "max_payload": 1048576}
+    info |= {"host": "127.0.0.1", "port": port, "max_payload": 1048576, **fields}
+    if tls is not None:
+        info["tls_required"] = True
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"INFO " + json.dumps(info).encode() + b"\r\n")
         await writer.drain()
+        if tls is not None:
+            await writer.start_tls(tls)
         while data := await reader.read(65536):
             received.extend(data)
         writer.close()
@@ -151,6 +158,26 @@ async def test_a_tls_url_sends_nothing_to_a_server_that_does_not_switch_to_tls(
     assert not outcome.ok
     assert outcome.error is not None and "did not switch to TLS" in outcome.error
     assert received == b""  # no CONNECT (no password, no token), no event
+
+
+async def test_a_tls_url_sends_nothing_to_a_server_named_by_one_answering_in_plain_text(
+    ca: trustme.CA, trusted: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone answering for the server may name another in its INFO (``connect_urls``), which
+    comes before TLS: one of theirs, with a certificate valid for its own name."""
+    theirs = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(theirs)
+    refused = "named another server, 'localhost', which the url does not name"
+    async with plain_text_nats(theirs) as (their_url, taken):
+        their_port = their_url.rpartition(":")[2]
+        async with plain_text_nats(connect_urls=[f"localhost:{their_port}"]) as (url, received):
+            secure = with_credentials(url, "tls", ESCAPED)
+            async with nats_destination(nats_config("relay-test.x", url=secure)):
+                async with asyncio.timeout(15):  # nats-py tries the servers in turn
+                    while refused not in caplog.text and not taken:
+                        await asyncio.sleep(0.05)
+            await asyncio.sleep(0)
+    assert received == b"" and taken == b""
 
 
 async def test_a_nats_url_still_talks_plain_text(tmp_path: Path) -> None:

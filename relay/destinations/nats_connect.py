@@ -12,7 +12,7 @@ TLS context it gave nats-py completed a handshake since the previous CONNECT.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -20,19 +20,27 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from nats.errors import Error as NatsError
 
 
-class PlainTextRefused(NatsError):
-    """A ``tls://`` destination's connection was not upgraded to TLS (a nats-py error, so
-    that nats-py tries again later, as after any failed connection)."""
+class TlsRefused(NatsError):
+    """A ``tls://`` destination's connection was not upgraded to TLS, or was to a server the
+    url does not name (a nats-py error, so that nats-py tries again later, as after any failed
+    connection)."""
 
 
 class TlsGuard:
     """The TLS context of a ``tls://`` destination's client (a context of its own: the guard
     watches its handshakes) and the check that each CONNECT follows a TLS handshake made with
-    it."""
+    it, whose certificate was verified for one of the url's hosts.
 
-    def __init__(self, where: str, context: ssl.SSLContext) -> None:
+    The second part matters because nats-py also connects to the servers a server's INFO
+    names (``connect_urls``), and the first INFO comes in plain text, before TLS: anyone
+    answering for the server could name a host of theirs, with a valid certificate of its own.
+    A cluster's members that the url does not name are reached only where the server names
+    them by address (nats-py then verifies them for the name of the server that named them)."""
+
+    def __init__(self, where: str, context: ssl.SSLContext, hosts: Iterable[str]) -> None:
         self._where = where
-        self._handshakes = 0
+        self._hosts = frozenset(host.lower() for host in hosts)
+        self._verified: list[str | None] = []
         self.context = context
         self.context.sslobject_class = self._witnessed()
 
@@ -40,24 +48,32 @@ class TlsGuard:
         guard = self
 
         class Witnessed(ssl.SSLObject):
-            """An SSLObject that tells the guard when its handshake completed."""
+            """An SSLObject that tells the guard the name it verified, once its handshake
+            completed."""
 
             def do_handshake(self) -> None:
                 super().do_handshake()
-                guard._handshakes += 1
+                guard._verified.append(self.server_hostname)
 
         return Witnessed
 
     def passing(self, value: str) -> Callable[[], str]:
-        """A credential callback for nats-py: ``value``, if this connection is TLS."""
+        """A credential callback for nats-py: ``value``, if this connection is TLS to one of
+        the url's hosts."""
 
         def credential() -> str:
-            handshakes, self._handshakes = self._handshakes, 0
-            if not handshakes:
-                raise PlainTextRefused(
+            verified, self._verified = self._verified, []
+            if not verified:
+                raise TlsRefused(
                     f"the NATS server at {self._where} did not switch to TLS, and the URL "
                     "asks for it: nothing was sent (the server needs TLS configured, or the "
                     "URL nats://)"
+                )
+            name = verified[-1]
+            if name is None or name.lower() not in self._hosts:
+                raise TlsRefused(
+                    f"a NATS server of {self._where} named another server, {name!r}, which the "
+                    "url does not name: nothing was sent to it (add it to the url to use it)"
                 )
             return value
 

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from urllib.parse import urlsplit
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
@@ -50,8 +51,8 @@ from relay.destinations.errors import (
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.nats_connect import (
     ConnectOptions,
-    PlainTextRefused,
     TlsGuard,
+    TlsRefused,
 )
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
@@ -275,7 +276,8 @@ class _Link:
         self.failed = False
         self._destination = destination
         self._where = where
-        self._logged: str | None = None
+        self._logged: set[str] = set()
+        """The problems logged since the last connection (servers tried in turn alternate)."""
         self._closing = False
         self._js: JetStreamContext | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -304,7 +306,9 @@ class _Link:
 
     async def _connect(self, url: str, tls_files: TlsFiles | None) -> None:
         try:
-            guard = None if tls_files is None else TlsGuard(self._where, tls_files.context())
+            hosts = [urlsplit(server).hostname or "" for server in url.split(",")]
+            context = None if tls_files is None else tls_files.context()
+            guard = None if context is None else TlsGuard(self._where, context, hosts)
             await self.client.connect(
                 **ConnectOptions.from_url(url).arguments(guard),
                 name=f"callback-relay:{self._destination}",
@@ -339,8 +343,8 @@ class _Link:
         self.problem = problem  # reported only while not connected
         if not self.client.is_connected:
             self.answered.set()
-        if problem != self._logged and not self._closing:
-            self._logged = problem
+        if problem not in self._logged and not self._closing:
+            self._logged.add(problem)
             log.warning("destination %r: NATS at %s: %s", self._destination, self._where, problem)
 
     async def _on_disconnected(self) -> None:
@@ -361,15 +365,15 @@ class _Link:
         if self.lost.done():
             self.lost = asyncio.get_running_loop().create_future()
         self.problem = None
-        if self._logged is not None:
+        if self._logged:
             log.info("destination %r: connected to NATS at %s", self._destination, self._where)
-        self._logged = None
+        self._logged = set()
 
 
 def describe(exc: BaseException) -> str:
     """:func:`describe_error`, without the class name where nats-py's text names the problem
     (``nats: 'Authorization Violation'``, ``nats: unexpected EOF``)."""
-    if isinstance(exc, PlainTextRefused):
+    if isinstance(exc, TlsRefused):
         return str(exc)
     text = describe_error(exc)
     name = f"{type(exc).__name__}: "
