@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -81,7 +81,29 @@ def broker_url(value: str, schemes: tuple[str, ...], *, query: bool = False) -> 
         raise ValueError("url must name a host")
     if parts.fragment or (parts.query and not query):
         raise ValueError("url cannot hold a query or a fragment")
+    if "@" in parts.netloc:
+        _credentials(parts.netloc.rpartition("@")[0])
     return value
+
+
+BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _credentials(userinfo: str) -> None:
+    """Refuse credentials that would not reach the broker as written: an empty user (or
+    token), a ``%`` that starts no escape, escapes that are not UTF-8, or control characters
+    once decoded (the broker would get other bytes, or a NUL)."""
+    user = userinfo.partition(":")[0]
+    if not user:
+        raise ValueError("url has credentials without a user (or token) before '@'")
+    if BAD_ESCAPE.search(userinfo):
+        raise ValueError("url credentials hold a '%' that is not an escape: write '%25' for '%'")
+    try:
+        decoded = unquote(userinfo, errors="strict")
+    except UnicodeDecodeError:
+        raise ValueError("url credentials hold escapes that are not UTF-8 text") from None
+    if not decoded.isprintable():
+        raise ValueError("url credentials cannot hold control characters, even escaped")
 
 
 NATS_SCHEMES = ("nats", "tls")
