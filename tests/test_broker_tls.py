@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -369,20 +370,39 @@ async def test_mqtt_takes_a_cafile_and_presents_the_client_certificate(
     assert not refused.ok and refused.error
 
 
+def unusable_file(kind: str, directory: Path) -> tuple[str, str]:
+    """A path that cannot serve as a TLS file, and what the refusal says of it."""
+    path = directory / kind
+    if kind == "missing":
+        return str(path), "FileNotFoundError"
+    if kind == "fifo":  # reading it would wait for a writer, holding the worker's start
+        os.mkfifo(path)
+        return str(path), "is not a regular file"
+    if kind == "device":
+        return "/dev/zero", "is not a regular file"
+    if kind == "directory":
+        return str(directory), "is not a regular file"
+    with path.open("wb") as huge:  # sparse: nothing is written
+        huge.truncate(5 * 1024 * 1024)
+    return str(path), "larger than 4 MiB"
+
+
 @pytest.mark.parametrize("broker", ["nats", "mqtt"])
 @pytest.mark.parametrize("key", ["cafile", "certfile"])
+@pytest.mark.parametrize("kind", ["missing", "fifo", "device", "directory", "huge"])
 async def test_tls_files_that_cannot_be_used_stop_the_start_naming_them(
-    broker: str, key: str, tmp_path: Path
+    broker: str, key: str, kind: str, tmp_path: Path
 ) -> None:
-    missing = str(tmp_path / "nope.pem")
+    missing, reason = unusable_file(kind, tmp_path)
     if broker == "nats":
         sender: Any = NatsDestination(
             "bus", nats_config("a.b", "tls://127.0.0.1:1", **{key: missing})
         )
     else:
         sender = MqttDestination("bus", mqtt_config("a/b", "mqtts://127.0.0.1:1", **{key: missing}))
-    with pytest.raises(DestinationRefused, match=f"{key}='{missing}'"):
-        await sender.start()
+    with pytest.raises(DestinationRefused, match=f"{key}='{missing}'.*{reason}"):
+        async with asyncio.timeout(5):
+            await sender.start()
     await sender.aclose()
 
 

@@ -141,13 +141,14 @@ def encrypted_key(ca: trustme.CA, path: Path) -> None:
 @pytest.mark.parametrize(
     ("query", "message"),
     [
-        ("cafile={missing}", "cannot load the CA certificates of cafile='{missing}'"),
+        ("cafile={missing}", "cannot use cafile='{missing}': FileNotFoundError"),
         ("cafile={not_pem}", "cannot load the CA certificates of cafile='{not_pem}'"),
-        ("capath={missing}&cafile={not_pem}", "cannot load the CA certificates of cafile="),
-        ("certfile={missing}", "cannot load the client certificate of certfile='{missing}'"),
+        ("capath={missing}&cafile={not_pem}", "capath='{missing}' is not a directory"),
+        ("capath={not_pem}", "capath='{not_pem}' is not a directory"),
+        ("certfile={missing}", "cannot use certfile='{missing}'"),
         ("certfile={not_pem}", "cannot load the client certificate of certfile='{not_pem}'"),
-        ("certfile={cert}&keyfile={missing}", "and keyfile='{missing}'"),
-        ("certfile={cert}&keyfile={encrypted}", "is encrypted; give an unencrypted keyfile"),
+        ("certfile={cert}&keyfile={missing}", "cannot use keyfile='{missing}'"),
+        ("certfile={cert}&keyfile={encrypted}", "key in keyfile='{encrypted}' is encrypted"),
     ],
 )
 async def test_tls_files_that_cannot_be_used_are_refused_at_start(

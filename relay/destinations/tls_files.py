@@ -5,7 +5,9 @@ is refused rather than asked for on the worker's terminal."""
 
 from __future__ import annotations
 
+import os
 import ssl
+import stat
 from dataclasses import dataclass
 
 from relay.destinations.errors import DestinationRefused, describe_error
@@ -25,6 +27,11 @@ class TlsFiles:
 
     def context(self) -> ssl.SSLContext:
         """The client context; :class:`DestinationRefused` naming the file that cannot be used."""
+        for key, path in (("cafile", self.cafile), ("certfile", self.certfile)):
+            _check_file(key, path)
+        _check_file("keyfile", self.keyfile)
+        if self.capath is not None and not os.path.isdir(self.capath):
+            raise DestinationRefused(f"capath={self.capath!r} is not a directory")
         try:
             context = ssl.create_default_context(cafile=self.cafile, capath=self.capath)
         except (OSError, ValueError) as exc:
@@ -44,8 +51,9 @@ class TlsFiles:
         try:
             context.load_cert_chain(certfile, self.keyfile, password=_no_password)
         except _EncryptedKey:
+            where = f"keyfile={self.keyfile!r}" if self.keyfile else f"certfile={certfile!r}"
             raise DestinationRefused(
-                f"the key of certfile={certfile!r} is encrypted; give an unencrypted keyfile"
+                f"the key in {where} is encrypted; give an unencrypted key"
             ) from None
         except (OSError, ValueError) as exc:
             files = f"certfile={certfile!r}" + (
@@ -54,6 +62,29 @@ class TlsFiles:
             raise DestinationRefused(
                 f"cannot load the client certificate of {files}: {describe_error(exc)}"
             ) from None
+
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""Far above any certificate file (a system's whole CA bundle is about 200 kB): a larger one
+would hold the worker's start for as long as it takes to read."""
+
+
+def _check_file(key: str, path: str | None) -> None:
+    """Refuse what is not a regular file of a certificate's size: a named pipe or a device
+    would block the worker's start (reading waits for a writer), unstoppable."""
+    if path is None:
+        return
+    try:
+        found = os.stat(path)
+    except OSError as exc:
+        raise DestinationRefused(f"cannot use {key}={path!r}: {describe_error(exc)}") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise DestinationRefused(f"{key}={path!r} is not a regular file")
+    if found.st_size > MAX_FILE_BYTES:
+        raise DestinationRefused(
+            f"{key}={path!r} is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: "
+            "not a certificate file"
+        )
 
 
 class _EncryptedKey(Exception):
