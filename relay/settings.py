@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -188,7 +189,7 @@ def load_settings(path: Path | None) -> Settings:
     except ValidationError as exc:
         raise SettingsError(_describe(exc, path)) from None
     except EnvParseError as exc:
-        raise SettingsError(f"invalid environment setting: {exc}") from None
+        raise SettingsError(_unparsed(exc)) from None
 
 
 def _describe(
@@ -200,11 +201,46 @@ def _describe(
     lines, from_file = [], False
     for error in exc.errors(include_url=False, include_input=False):
         location = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        variable = f"{ENV_PREFIX}{error['loc'][0]}".upper() if error["loc"] else ""
-        if variable in variables:
-            lines.append(f"  {location} (from {variables[variable]}): {error['msg']}")
+        variable = variables.get(f"{ENV_PREFIX}{error['loc'][0]}".upper()) if error["loc"] else None
+        if variable is not None and _holds(environ[variable], error["loc"][1:]):
+            lines.append(f"  {location} (from {variable}): {error['msg']}")
         else:
             from_file = True
             lines.append(f"  {location}: {error['msg']}")
     where = f" in {path}" if path and from_file else ""
     return "\n".join([f"invalid configuration{where}:", *lines])
+
+
+def _holds(value: str, location: Sequence[int | str]) -> bool:
+    """Whether a variable's value holds the setting at ``location`` (below its own key). A
+    table given as JSON is merged with the file's, so the setting may be the file's: it is the
+    variable's where its keys lead to it (a key missing on the way is a union's tag)."""
+    if not location:
+        return True
+    try:
+        node: Any = json.loads(value)
+    except ValueError:
+        return True  # not JSON: the value itself is what was refused
+    found = False
+    for part in location:
+        found = isinstance(node, dict | list) and part in (
+            node if isinstance(node, dict) else range(len(node))
+        )
+        if found:
+            node = node[part]
+    return found
+
+
+def _unparsed(exc: EnvParseError, environ: Mapping[str, str] = os.environ) -> str:
+    """Which ``RELAY_*`` variable holds a table that is not JSON, and why."""
+    for name, value in environ.items():
+        field = name.upper().removeprefix(ENV_PREFIX).lower()
+        if not name.upper().startswith(ENV_PREFIX) or field not in Settings.model_fields:
+            continue
+        if f'field "{field}"' not in str(exc):
+            continue
+        try:
+            json.loads(value)
+        except ValueError as error:
+            return f"{name} is not valid JSON (a table is given as a JSON object): {error}"
+    return f"invalid environment setting: {exc}"

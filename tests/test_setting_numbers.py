@@ -106,3 +106,31 @@ def test_each_error_names_where_its_value_came_from(
         "http:// or https:// URL (not ftp://)",
         "  worker_concurrency: Input should be greater than or equal to 1",
     ]
+
+
+def test_a_table_variable_is_named_only_for_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variable's JSON table is merged with the file's: an error of the file's own part is
+    the file's."""
+    table = '[destinations.n]\ntype = "nats"\nurl = "nats://h"\nsubject = "a b"'
+    config = _config(tmp_path, table)
+    monkeypatch.setenv("RELAY_DESTINATIONS", '{"other": {"type": "http", "url": "http://h"}}')
+    with pytest.raises(SettingsError) as err:
+        load_settings(config)
+    assert str(err.value).splitlines() == [
+        f"invalid configuration in {config}:",
+        "  destinations.n.nats.subject: Value error, the subject cannot hold ' '",
+    ]
+    monkeypatch.setenv("RELAY_DESTINATIONS", '{"n": {"subject": "c d"}}')
+    with pytest.raises(SettingsError, match=r"subject \(from RELAY_DESTINATIONS\)") as err:
+        load_settings(config)
+    assert str(config) not in str(err.value)
+
+
+def test_a_table_variable_that_is_not_json_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAY_DESTINATIONS", "{bad json")
+    with pytest.raises(SettingsError, match=r"^RELAY_DESTINATIONS is not valid JSON"):
+        load_settings(_config(tmp_path))
