@@ -18,6 +18,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 from pydantic_settings import SettingsError as EnvParseError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
 from receivers.sources import Network, SourceConfig, check_not_everyone
@@ -78,6 +80,12 @@ class Settings(BaseSettings):
     writer_process: bool = True
     """A SQLite file's events are written by a process of its own (a speed trick; off: by the
     server's own process, as for PostgreSQL)."""
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        check_database_url(value)
+        return value
 
     @field_validator("sources")
     @classmethod
@@ -153,6 +161,34 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Environment variables win over the file's values (given as init arguments)."""
         return env_settings, init_settings
+
+
+DATABASE_DRIVERS = ("sqlite", "sqlite+aiosqlite", "postgresql", "postgres", "postgresql+asyncpg")
+
+
+def check_database_url(value: str) -> None:
+    """Refuse what the store cannot open durably: a URL that is not one, a database other than
+    SQLite or PostgreSQL (through asyncpg), or SQLite without a file (in memory, every event
+    would be lost at the stop)."""
+    try:
+        url = make_url(value)
+    except ArgumentError:
+        raise ValueError(
+            "not a database URL: sqlite:///relay.db, sqlite:////abs/path.db or "
+            "postgresql://user@host/db"
+        ) from None
+    if url.drivername not in DATABASE_DRIVERS:
+        raise ValueError(
+            f"{url.drivername}:// is not supported: sqlite:/// or postgresql:// (asyncpg)"
+        )
+    if url.get_backend_name() == "sqlite":
+        if url.host:
+            raise ValueError(
+                "a SQLite URL has three slashes before a relative path (sqlite:///relay.db), "
+                "four before an absolute one"
+            )
+        if not url.database or url.database == ":memory:":
+            raise ValueError("SQLite needs a file: in memory, the events would be lost at stop")
 
 
 def config_path(

@@ -3,6 +3,7 @@ written in the server's own process, and nothing is lost either way."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,39 @@ async def test_events_are_stored_with_and_without_the_writer_process(
 def test_a_receiver_config_writer_process_must_be_a_boolean(value: object) -> None:
     with pytest.raises(ValueError, match="writer_process must be true or false"):
         ReceiverConfig(sources={"default": SourceConfig(token=TOKEN)}, writer_process=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("", "not a database URL"),
+        ("relay.db", "not a database URL"),
+        ("mysql://user:hunter2@h/db", "mysql:// is not supported"),
+        ("postgresql+psycopg://h/db", "postgresql+psycopg:// is not supported"),
+        ("sqlite://relay.db", "three slashes before a relative path"),
+        ("sqlite:///", "SQLite needs a file"),
+        ("sqlite:///:memory:", "SQLite needs a file"),
+    ],
+)
+def test_a_database_url_the_store_cannot_use_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, message: str
+) -> None:
+    monkeypatch.setenv("RELAY_DATABASE_URL", url)
+    with pytest.raises(
+        SettingsError, match=rf"database_url \(from RELAY_DATABASE_URL\): .*{re.escape(message)}"
+    ) as err:
+        load_settings(None)
+    assert "hunter2" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///relay.db",
+        "sqlite+aiosqlite:////tmp/x.db",
+        "postgresql://u@h/db",
+        "postgres://h/d",
+    ],
+)
+def test_database_urls_of_the_store_are_taken(url: str) -> None:
+    assert Settings(database_url=url).database_url == url
