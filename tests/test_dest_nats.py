@@ -443,6 +443,7 @@ async def test_a_server_that_goes_away_and_comes_back_needs_no_restart(tmp_path:
         ({"url": "nats://:4222"}, "url must name a host"),
         ({"url": "nats://127.0.0.1:42x"}, "invalid port"),
         ({"url": "nats://h:4222/?x=1"}, "cannot hold a query"),
+        ({"url": "nats://a:4222/path"}, "cannot hold a path"),
         ({"url": "nats://a:4222,"}, "joined by single commas"),
         ({"url": "nats://a:4222,,nats://b:4222"}, "joined by single commas"),
         ({"url": "nats://a:4222, nats://b:4222"}, "cannot hold spaces"),

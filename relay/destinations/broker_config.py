@@ -112,8 +112,8 @@ NATS_MAX_SERVERS = 32
 
 def nats_servers(value: str) -> list[str]:
     """The server URLs of a NATS destination's ``url``: one, or several joined by commas (the
-    seeds of a cluster, tried in turn), all ``nats://`` or all ``tls://``, with the same
-    credentials where any are given (they are the client's)."""
+    seeds of a cluster, tried one after the other in a random order), all ``nats://`` or all
+    ``tls://``, with the same credentials where any are given (they are the client's)."""
     urls = value.split(",")
     if len(urls) > NATS_MAX_SERVERS:
         raise ValueError(f"url lists more than {NATS_MAX_SERVERS} servers")
@@ -121,6 +121,8 @@ def nats_servers(value: str) -> list[str]:
         raise ValueError("url lists servers joined by single commas, without spaces")
     for url in urls:
         broker_url(url, NATS_SCHEMES)
+        if urlsplit(url).path not in ("", "/"):
+            raise ValueError("url cannot hold a path (NATS has none)")
     if len({urlsplit(url).scheme for url in urls}) > 1:
         raise ValueError("the servers of url must be all nats:// or all tls://")
     if len({urlsplit(url).netloc.rpartition("@")[0] for url in urls} - {""}) > 1:
