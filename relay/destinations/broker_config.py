@@ -10,7 +10,7 @@ the message: a publisher confirm, a JetStream ack, a PUBACK (QoS 1) or PUBCOMP (
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -40,13 +40,21 @@ class BrokerDestinationBase(DestinationBase):
 
 
 class BrokerTlsFiles(BrokerDestinationBase):
-    """The TLS files of a broker destination whose URL asks for TLS: ``cafile`` (the CAs that
-    sign the broker's certificate; by default the system's), ``certfile`` and ``keyfile`` (a
-    client certificate, for a broker that asks for one)."""
+    """The TLS files of a broker destination whose URL asks for TLS (its scheme is
+    ``TLS_SCHEME``): ``cafile`` (the CAs that sign the broker's certificate; by default the
+    system's), ``certfile`` and ``keyfile`` (a client certificate, for a broker that asks for
+    one)."""
 
+    TLS_SCHEME: ClassVar[str]
+    url: str
     cafile: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        """Whether the url asks for TLS."""
+        return self.url.startswith(f"{self.TLS_SCHEME}://")
 
     @field_validator("cafile", "certfile", "keyfile")
     @classmethod
@@ -55,15 +63,17 @@ class BrokerTlsFiles(BrokerDestinationBase):
             raise ValueError("must be the path of a file: one printable line, not empty")
         return value
 
-    def tls_files(self, tls: bool) -> TlsFiles | None:
+    def tls_files(self) -> TlsFiles | None:
         """What the destination's TLS context is made of, where its URL asks for TLS."""
-        return TlsFiles(self.cafile, None, self.certfile, self.keyfile) if tls else None
+        return TlsFiles(self.cafile, None, self.certfile, self.keyfile) if self.tls else None
 
-    def check_tls_files(self, tls: bool, scheme: str) -> None:
-        if not tls and (self.cafile or self.certfile or self.keyfile):
-            raise ValueError(f"cafile, certfile and keyfile need a {scheme}:// url")
+    @model_validator(mode="after")
+    def _tls_files(self) -> BrokerTlsFiles:
+        if not self.tls and (self.cafile or self.certfile or self.keyfile):
+            raise ValueError(f"cafile, certfile and keyfile need a {self.TLS_SCHEME}:// url")
         if self.keyfile and not self.certfile:
             raise ValueError("keyfile needs certfile")
+        return self
 
 
 def broker_url(value: str, schemes: tuple[str, ...], *, query: bool = False) -> str:
@@ -287,6 +297,8 @@ class AmqpDestinationConfig(BrokerDestinationBase):
 class NatsDestinationConfig(BrokerTlsFiles):
     """Publish to NATS JetStream; a stream must capture the subjects (core NATS is refused)."""
 
+    TLS_SCHEME: ClassVar[str] = "tls"
+
     type: Literal["nats"]
     url: str
     """``nats://[user:password@]host:4222``, ``nats://TOKEN@host`` (or ``tls://``: TLS or
@@ -296,16 +308,6 @@ class NatsDestinationConfig(BrokerTlsFiles):
 
     def target(self) -> str:
         return f"{shown_servers(self.url)} subject {self.subject}"
-
-    @property
-    def tls(self) -> bool:
-        """Whether the url asks for TLS (``tls://``)."""
-        return self.url.startswith("tls://")
-
-    @model_validator(mode="after")
-    def _tls_files(self) -> NatsDestinationConfig:
-        self.check_tls_files(self.tls, "tls")
-        return self
 
     @field_validator("url")
     @classmethod
@@ -328,6 +330,8 @@ class NatsDestinationConfig(BrokerTlsFiles):
 class MqttDestinationConfig(BrokerTlsFiles):
     """Publish to an MQTT 5 broker with QoS 1 or 2, retain off."""
 
+    TLS_SCHEME: ClassVar[str] = "mqtts"
+
     type: Literal["mqtt"]
     url: str
     """``mqtt://[user:password@]host:1883`` (or ``mqtts://``)."""
@@ -340,16 +344,6 @@ class MqttDestinationConfig(BrokerTlsFiles):
 
     def target(self) -> str:
         return f"{without_credentials(self.url)} topic {self.topic} QoS {self.qos}"
-
-    @property
-    def tls(self) -> bool:
-        """Whether the url asks for TLS (``mqtts://``)."""
-        return self.url.startswith("mqtts://")
-
-    @model_validator(mode="after")
-    def _tls_files(self) -> MqttDestinationConfig:
-        self.check_tls_files(self.tls, "mqtts")
-        return self
 
     @field_validator("url")
     @classmethod

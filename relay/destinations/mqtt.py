@@ -341,7 +341,7 @@ class MqttDestination:
         self.name = name
         self._url = config.url
         self._endpoint = Endpoint.from_url(config.url)
-        self._tls_files = config.tls_files(config.tls)
+        self._tls_files = config.tls_files()
         self._tls: ssl.SSLContext | None = None
         self._topic = NameTemplate(config.topic)
         self._qos = config.qos

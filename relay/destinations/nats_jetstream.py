@@ -93,7 +93,7 @@ class NatsDestination:
     def __init__(self, name: str, config: NatsDestinationConfig) -> None:
         self.name = name
         self._url = config.url
-        self._tls_files = config.tls_files(config.tls)
+        self._tls_files = config.tls_files()
         self._where = shown_servers(config.url)
         self._subject = NameTemplate(config.subject)
         self._format = config.format
