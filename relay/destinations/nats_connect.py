@@ -27,8 +27,8 @@ class TlsRefused(NatsError):
 
 
 class TlsGuard:
-    """The TLS context of a ``tls://`` destination's client (a context of its own: the guard
-    watches its handshakes) and the check that each CONNECT follows a TLS handshake made with
+    """The TLS context of a ``tls://`` destination's client (the guard watches its
+    handshakes) and the check that each CONNECT follows a TLS handshake made with
     it, whose certificate was verified for one of the url's hosts.
 
     The second part matters because nats-py also connects to the servers a server's INFO
@@ -38,6 +38,8 @@ class TlsGuard:
     them by address (nats-py then verifies them for the name of the server that named them)."""
 
     def __init__(self, where: str, context: ssl.SSLContext, hosts: Iterable[str]) -> None:
+        """``context`` is the destination's: each new client's guard takes it over (the
+        previous client is closed by then)."""
         self._where = where
         self._hosts = frozenset(host.lower() for host in hosts)
         self._verified: list[str | None] = []

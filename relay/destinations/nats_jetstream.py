@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from urllib.parse import urlsplit
 
@@ -57,7 +58,6 @@ from relay.destinations.nats_connect import (
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
 from relay.destinations.templates import NameTemplate
-from relay.destinations.tls_files import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class NatsDestination:
         self.name = name
         self._url = config.url
         self._tls_files = config.tls_files()
+        self._tls: ssl.SSLContext | None = None
+        """Built once from the TLS files (at start, else at the first connection)."""
         self._where = shown_servers(config.url)
         self._subject = NameTemplate(config.subject)
         self._format = config.format
@@ -122,7 +124,7 @@ class NatsDestination:
         deliveries fail and wait under the policy meanwhile. TLS files that cannot be used
         raise :class:`DestinationRefused` naming them."""
         if self._tls_files is not None:
-            self._tls_files.context()
+            self._tls = self._tls_files.context()
         try:
             async with asyncio.timeout(self._start_timeout):
                 link = await self._ready()
@@ -198,8 +200,13 @@ class NatsDestination:
         async with self._lock:
             if self._link is None or self._link.dead:
                 if self._link is not None:
-                    await self._link.close()
-                self._link = _Link(self.name, self._url, self._where, self._tls_files)
+                    await self._link.close()  # before the next link's guard takes the context
+                if self._tls is None and self._tls_files is not None:
+                    try:
+                        self._tls = self._tls_files.context()
+                    except DestinationRefused as refused:
+                        raise NotDelivered(str(refused)) from None  # a failed attempt
+                self._link = _Link(self.name, self._url, self._where, self._tls)
             link = self._link
         if not link.client.is_connected:
             await link.answered.wait()
@@ -267,7 +274,7 @@ class _Link:
     until it succeeds). Its callbacks log through :func:`describe` (nats-py's default
     error callback would log each error with its traceback)."""
 
-    def __init__(self, destination: str, url: str, where: str, tls_files: TlsFiles | None) -> None:
+    def __init__(self, destination: str, url: str, where: str, tls: ssl.SSLContext | None) -> None:
         self.client = Client()
         self.problem: str | None = None
         """The latest error nats-py reported: an attempt's error while not connected."""
@@ -283,7 +290,7 @@ class _Link:
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Resolved when the current connection is lost (a new one for each connection)."""
         self._task = asyncio.create_task(
-            self._connect(url, tls_files), name=f"nats-connect-{destination}"
+            self._connect(url, tls), name=f"nats-connect-{destination}"
         )
 
     @property
@@ -304,11 +311,10 @@ class _Link:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self.client.close()
 
-    async def _connect(self, url: str, tls_files: TlsFiles | None) -> None:
+    async def _connect(self, url: str, tls: ssl.SSLContext | None) -> None:
         try:
             hosts = [urlsplit(server).hostname or "" for server in url.split(",")]
-            context = None if tls_files is None else tls_files.context()
-            guard = None if context is None else TlsGuard(self._where, context, hosts)
+            guard = None if tls is None else TlsGuard(self._where, tls, hosts)
             await self.client.connect(
                 **ConnectOptions.from_url(url).arguments(guard),
                 name=f"callback-relay:{self._destination}",
