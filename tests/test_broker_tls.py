@@ -26,7 +26,7 @@ from relay.destinations.nats_connect import ConnectOptions
 from relay.destinations.nats_jetstream import NatsDestination
 from relay.destinations.outcome import Outcome
 from tests.amqp_support import outbound
-from tests.mqtt_support import private_broker, subscribed
+from tests.mqtt_support import mqtt_client, private_broker, subscribed
 from tests.nats_support import connect, create_stream, private_server, read_stream
 from tests.support import free_port
 from tests.test_dest_mqtt import destination as mqtt_destination
@@ -281,9 +281,11 @@ async def test_an_mqtts_url_sends_nothing_to_a_plain_listener(tmp_path: Path) ->
             tls_url = broker.url.replace("mqtt://", "mqtts://", 1)
             async with mqtt_destination(mqtt_config("relay-tls/x", url=tls_url)) as sender:
                 outcome = await sender.deliver(outbound(), timeout=3)
-            await asyncio.sleep(0.3)  # what the broker got would have been routed by now
+            async with mqtt_client(broker.url) as marker:  # routed after anything sent before
+                await marker.publish("relay-tls/marker", b"after", qos=1)
+            arrived = await subscriber.wait_for(1)
     assert not outcome.ok and outcome.error
-    assert subscriber.messages == []
+    assert [str(message.topic) for message in arrived] == ["relay-tls/marker"]
 
 
 # --- TLS files: a private CA and a client certificate ---------------------------------------------
