@@ -146,7 +146,22 @@ def encrypted_key(ca: trustme.CA, path: Path) -> None:
         ("capath={missing}&cafile={not_pem}", "capath='{missing}' is not a directory"),
         ("capath={not_pem}", "capath='{not_pem}' is not a directory"),
         ("certfile={missing}", "cannot use certfile='{missing}'"),
-        ("certfile={not_pem}", "cannot load the client certificate of certfile='{not_pem}'"),
+        ("certfile={not_pem}", "certificate of certfile='{not_pem}': the certfile holds no PEM c"),
+        ("certfile={key}", "certfile='{key}': the certfile holds no PEM certificate"),
+        ("certfile={cert}", "of certfile='{cert}': the certfile holds no PEM private key (or give"),
+        (
+            "certfile={cert}&keyfile={not_pem}",
+            "certfile='{cert}' and keyfile='{not_pem}': the keyfile holds no PEM private key",
+        ),
+        ("certfile={cert}&keyfile={cert}", "keyfile='{cert}': the keyfile holds no PEM private"),
+        (
+            "certfile={cert}&keyfile={other_key}",
+            "certfile='{cert}' and keyfile='{other_key}': the key is not the certificate's",
+        ),
+        (
+            "certfile={cert_and_other_key}",
+            "certfile='{cert_and_other_key}': the key is not the certificate's",
+        ),
         ("certfile={cert}&keyfile={missing}", "cannot use keyfile='{missing}'"),
         ("certfile={cert}&keyfile={encrypted}", "key in keyfile='{encrypted}' is encrypted"),
     ],
@@ -160,9 +175,16 @@ async def test_tls_files_that_cannot_be_used_are_refused_at_start(
         "not_pem": tmp_path / "not.pem",
         "cert": tmp_path / "cert.pem",
         "encrypted": tmp_path / "encrypted.pem",
+        "key": tmp_path / "key.pem",
+        "other_key": tmp_path / "other-key.pem",
+        "cert_and_other_key": tmp_path / "cert-and-other-key.pem",
     }
     files["not_pem"].write_text("not a certificate\n")
     cert.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    cert.private_key_pem.write_to_path(str(files["key"]))
+    other_key = ca.issue_cert("someone-else").private_key_pem
+    other_key.write_to_path(str(files["other_key"]))
+    files["cert_and_other_key"].write_bytes(cert.cert_chain_pems[0].bytes() + other_key.bytes())
     encrypted_key(ca, files["encrypted"])
     url = f"amqps://guest:guest@127.0.0.1:1/?{query.format(**files)}"
     destination = AmqpDestination("tls", amqp_config(url, exchange="x", timeout="1s"))

@@ -60,7 +60,8 @@ class TlsFiles:
                 f" and keyfile={self.keyfile!r}" if self.keyfile else ""
             )
             raise DestinationRefused(
-                f"cannot load the client certificate of {files}: {describe_error(exc)}"
+                f"cannot load the client certificate of {files}: "
+                f"{_client_certificate_problem(certfile, self.keyfile, exc)}"
             ) from None
 
 
@@ -85,6 +86,37 @@ def _check_file(key: str, path: str | None) -> None:
             f"{key}={path!r} is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: "
             "not a certificate file"
         )
+
+
+PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+PEM_PRIVATE_KEY = b"PRIVATE KEY-----"
+"""The end of the header of every PEM private key (``PRIVATE KEY``, ``RSA PRIVATE KEY``, ...)."""
+
+
+def _client_certificate_problem(certfile: str, keyfile: str | None, exc: Exception) -> str:
+    """What is wrong with a client certificate and key OpenSSL refused, in words: OpenSSL only
+    says "PEM lib" for a file without the certificate or the key it should hold."""
+    if isinstance(exc, ssl.SSLError):
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return "the key is not the certificate's"
+        if PEM_CERTIFICATE not in _head(certfile):
+            return "the certfile holds no PEM certificate"
+        if PEM_PRIVATE_KEY not in _head(keyfile or certfile):
+            return (
+                "the keyfile holds no PEM private key"
+                if keyfile
+                else "the certfile holds no PEM private key (or give keyfile)"
+            )
+    return describe_error(exc)
+
+
+def _head(path: str) -> bytes:
+    """The file's content (it was checked to be a regular file of at most MAX_FILE_BYTES)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(MAX_FILE_BYTES)
+    except OSError:
+        return b""
 
 
 class _EncryptedKey(Exception):
