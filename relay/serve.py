@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import click
 import uvicorn
@@ -37,15 +36,6 @@ SHUTDOWN_SECONDS = 10
 was committed is then answered as a duplicate when the platform retries it)."""
 CONNECTIONS_WITHOUT_LIMIT = 10_000
 """The connection cap where the system has no open-files limit to derive it from (Windows)."""
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop when it is installed (as uvicorn's ``--loop auto`` chooses), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it where it builds
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
 
 
 async def serve(

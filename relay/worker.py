@@ -21,6 +21,7 @@ from arq.connections import ArqRedis
 from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.event_loop import LoopName, loop_name
 from relay.delivery import AttemptsFailed
 from relay.destinations.errors import without_credentials
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
@@ -60,9 +61,9 @@ def not_this_job(due: list[Due], job_id: str | None) -> list[Due]:
     ]
 
 
-def started_line(settings: Settings) -> str:
-    """What a worker says when it starts: its destinations, queue, database and concurrency
-    (addresses without credentials)."""
+def started_line(settings: Settings, loop: LoopName) -> str:
+    """What a worker says when it starts: its destinations, queue, database, concurrency and
+    event loop (addresses without credentials)."""
     destinations = ", ".join(
         f"{name} ({destination.type})" for name, destination in settings.destinations.items()
     )
@@ -74,7 +75,7 @@ def started_line(settings: Settings) -> str:
     return (
         f"relay worker started: destinations {destinations or 'none'}; queue {queue}; "
         f"database {without_credentials(settings.database_url)}; "
-        f"concurrency {settings.worker_concurrency}"
+        f"concurrency {settings.worker_concurrency}; event loop {loop}"
     )
 
 
@@ -109,7 +110,7 @@ def build_worker(
         if started is not None:
             started.set_result(None)
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
-        log.info(started_line(settings))
+        log.info(started_line(settings, loop_name(asyncio.get_running_loop())))
 
     async def shutdown(ctx: dict[str, Any]) -> None:
         if sweeper_task is not None:

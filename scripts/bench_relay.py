@@ -8,8 +8,8 @@ meets both alike.
 a) the baseline: this process POSTs the envelopes of the events (built with the relay's own
    ``envelope_bytes``, the same headers a destination sends) straight to the sink with the
    very httpx client a worker's HTTP destinations use (``new_http_client``: the same pools in
-   shards, limits and cookie handling), ``--concurrency`` requests in flight, on asyncio's
-   default event loop (as `relay worker` runs);
+   shards, limits and cookie handling), ``--concurrency`` requests in flight, on the event
+   loop `relay worker` runs on by default (uvloop where it is installed);
 b) the relay: the events are POSTed to the receivers (``relay serve`` on a fresh SQLite database
    in WAL mode in a temp directory) by the lean keep-alive load generator of ``benchlib.py``
    (``--ingest-concurrency`` connections); the receivers store them, route them to the one
@@ -139,6 +139,7 @@ from benchlib import (
 from broker_bench import BROKERS, BrokerSink, toml_table
 
 from receivers.dedup import platform_refs_of
+from receivers.event_loop import loop_factory as worker_loop_factory
 from relay.destinations.http import USER_AGENT, new_http_client
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
@@ -940,8 +941,8 @@ def open_sink(destination: str, workdir: Path, servers: list[Server]) -> Sink | 
 def measure_baseline(
     sink: Sink | BrokerSink, envelopes: Sequence[Envelope], concurrency: int, deadline: float
 ) -> Baseline:
-    """(a), on asyncio's default loop, as `relay worker` runs (it does not use uvloop)."""
-    with asyncio.Runner() as runner:
+    """(a), on the event loop `relay worker` runs on by default (``--loop auto``)."""
+    with asyncio.Runner(loop_factory=worker_loop_factory("auto")) as runner:
         if isinstance(sink, BrokerSink):
             return runner.run(
                 bounded(run_broker_baseline(sink, envelopes, concurrency, deadline), deadline)

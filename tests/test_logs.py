@@ -128,7 +128,7 @@ def test_serve_prints_json_lines_with_the_worker_started_line(tmp_path: Path) ->
     [started] = [m for m in messages if m.startswith("relay worker started")]
     assert started == (
         "relay worker started: destinations crm (http); queue in this process (embedded); "
-        f"database sqlite:///{tmp_path / 'relay.db'}; concurrency 50"
+        f"database sqlite:///{tmp_path / 'relay.db'}; concurrency 50; event loop uvloop"
     )
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
     assert str(lines[-1]["message"]).endswith(' - "POST /hooks/sms/inbound?*** HTTP/1.1" 401')

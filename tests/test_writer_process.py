@@ -91,7 +91,7 @@ class Child:
         self.socket, theirs = socket.socketpair()
         with theirs:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "receivers.store.writer_process", database],
+                [sys.executable, "-m", "receivers.store.writer_process", database, "asyncio"],
                 stdin=theirs,
                 env=child_environment(),
             )

@@ -9,8 +9,9 @@ the same runs of ``scripts/bench_ingest.py`` (docs/performance.md).
 To turn it off, set ``writer_process = false``: the writer then writes on the engine in the
 server's own process, as it does for PostgreSQL.
 
-How: :class:`ProcessLane` starts ``python -m receivers.store.writer_process DATABASE`` with its
-end of a socket pair as standard input. Each item is handed over as it comes (every
+How: :class:`ProcessLane` starts ``python -m receivers.store.writer_process DATABASE LOOP``
+(LOOP: the server's kind of event loop, see :mod:`receivers.event_loop`) with its end of a
+socket pair as standard input. Each item is handed over as it comes (every
 :data:`FRAME_ITEMS` items, and at the end of each pass of the event loop, the items queued by
 then go in one frame). The process (:func:`serve`) groups what arrives with a
 :class:`~receivers.store.coalescer.Coalescer` (each group takes what has arrived by the time its
@@ -55,6 +56,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 import receivers
+from receivers.event_loop import LoopName, loop_factory, loop_name
 from receivers.store.batches import BatchRows, insert_new_events, stored_events, write_items
 from receivers.store.coalescer import AdaptiveGroupSize, Coalescer
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, json_text, sqlite_pragmas
@@ -157,6 +159,8 @@ RESTART_DELAY_SECONDS = 1.0
 EXIT_TIMEOUT_SECONDS = 30.0
 """How long :meth:`ProcessLane.close` waits for the answers still due, and then for the process
 to end before killing it."""
+CHILD_LOOPS = ("asyncio", "uvloop")
+"""The loops the process takes: its server's kind (:func:`~receivers.event_loop.loop_name`)."""
 SOCKET_BUFFER_BYTES = 1 << 22
 FRAME_ITEMS = 8
 """Items are sent once this many wait, else at the end of the event loop's pass: the writer
@@ -238,7 +242,13 @@ class ProcessLane:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "receivers.store.writer_process", self._database],
+                [
+                    sys.executable,
+                    "-m",
+                    "receivers.store.writer_process",
+                    self._database,
+                    loop_name(self._loop),  # the server's kind of loop
+                ],
                 stdin=theirs,
                 stdout=subprocess.DEVNULL,
                 env=_child_environment(),
@@ -523,24 +533,18 @@ def _begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN")
 
 
-def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop where it is installed (as the server's), else asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it where it builds
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
-
-
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m receivers.store.writer_process DATABASE", file=sys.stderr)
+    if len(argv) != 3 or argv[2] not in CHILD_LOOPS:
+        print(
+            "usage: python -m receivers.store.writer_process DATABASE asyncio|uvloop",
+            file=sys.stderr,
+        )
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl+C: it closes the socket
     logging.basicConfig(format="%(levelname)s: event writer process: %(message)s")
     sock = socket.socket(fileno=os.dup(sys.stdin.fileno()))
     try:
-        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory(cast(LoopName, argv[2]))) as runner:
             runner.run(serve(argv[1], sock))
     except (BrokenPipeError, ConnectionResetError):
         return 1  # the server is gone; what was acknowledged is committed

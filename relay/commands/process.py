@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.event_loop import LOOP_NAMES, LoopName, LoopUnavailable, loop_factory
 from relay import migrate
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
 from relay.logs import LOG_FORMATS, LOG_LEVELS, LogFormat, configure_logging
@@ -25,6 +29,22 @@ log_format_option = click.option(
     type=click.Choice(LOG_FORMATS),
     help="text, or json: one JSON object per line ($RELAY_LOG_FORMAT).",
 )
+loop_option = click.option(
+    "--loop",
+    default="auto",
+    show_default=True,
+    envvar="RELAY_LOOP",
+    type=click.Choice(LOOP_NAMES),
+    help="Event loop: uvloop where it is installed (auto), asyncio's own, or uvloop ($RELAY_LOOP).",
+)
+
+
+def chosen_loop(name: LoopName) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The factory of the ``--loop`` asked for; one that is not installed is a clean error."""
+    try:
+        return loop_factory(name)
+    except LoopUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.command()
@@ -48,6 +68,7 @@ log_format_option = click.option(
 @click.option(
     "--access-log/--no-access-log", default=True, show_default=True, help="Log every request."
 )
+@loop_option
 @config_option
 def serve(
     host: str,
@@ -55,17 +76,18 @@ def serve(
     log_level: str,
     log_format: LogFormat,
     access_log: bool,
+    loop: LoopName,
     config_file: str | None,
 ) -> None:
     """Run the receivers (and the embedded relay worker) with uvicorn."""
-    from relay.serve import event_loop_factory
     from relay.serve import serve as run_server
 
+    new_loop = chosen_loop(loop)
     settings = load_settings_or_exit(config_file)
     configure_logging(log_level, log_format)
     run(
         run_server(settings, host, port, log_level, access_log=access_log),
-        loop_factory=event_loop_factory(),
+        loop_factory=new_loop,
     )
 
 
@@ -87,22 +109,28 @@ def serve(
     envvar="RELAY_METRICS_HOST",
     help="Interface of the metrics port ($RELAY_METRICS_HOST).",
 )
+@loop_option
 @config_option
 def worker(
     log_level: str,
     log_format: LogFormat,
     metrics_port: int | None,
     metrics_host: str,
+    loop: LoopName,
     config_file: str | None,
 ) -> None:
     """Run a relay worker (and its sweeper) on the configured Redis."""
     from relay.runtime import run_worker
     from relay.worker import shorten_switch_interval
 
+    new_loop = chosen_loop(loop)
     settings = load_settings_or_exit(config_file)
     configure_logging(log_level, log_format)
     shorten_switch_interval()
-    run(run_worker(settings, metrics_host=metrics_host, metrics_port=metrics_port))
+    run(
+        run_worker(settings, metrics_host=metrics_host, metrics_port=metrics_port),
+        loop_factory=new_loop,
+    )
 
 
 @click.group()
