@@ -181,6 +181,43 @@ async def test_a_tls_url_sends_nothing_to_a_server_named_by_one_answering_in_pla
     assert received == b"" and taken == b""
 
 
+@asynccontextmanager
+async def silent_nats(*, asks_for_tls: bool) -> AsyncIterator[str]:
+    """A server that accepts connections and then says nothing (with ``asks_for_tls``: after
+    an INFO asking for TLS, so the client's handshake never completes): its URL."""
+    port = free_port()
+    info = {"server_id": "MUTE", "version": "2.10.0", "proto": 1, "tls_required": True}
+    held: list[asyncio.StreamWriter] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if asks_for_tls:
+            writer.write(b"INFO " + json.dumps(info | {"port": port}).encode() + b"\r\n")
+        held.append(writer)
+
+    server = await asyncio.start_server(answer, "127.0.0.1", port)
+    try:
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asks_for_tls", [True, False])
+async def test_a_stalled_tls_handshake_is_named_as_such(asks_for_tls: bool) -> None:
+    async with silent_nats(asks_for_tls=asks_for_tls) as url:
+        config = nats_config("relay-test.x", url=with_credentials(url, "tls", ESCAPED))
+        async with nats_destination(config) as sender:
+            first = await sender.deliver(outbound(), timeout=3)
+            second = await sender.deliver(outbound(), timeout=3)
+    for outcome in (first, second):
+        assert not outcome.ok and outcome.error is not None
+        stalled = "asked for TLS and did not complete the handshake within 2 s" in outcome.error
+        assert stalled == asks_for_tls, outcome.error
+        assert outcome.error.startswith("timeout") and PASSWORD not in outcome.error
+
+
 async def test_a_nats_url_still_talks_plain_text(tmp_path: Path) -> None:
     """``nats://`` asks for nothing: the guard is for ``tls://`` only."""
     with private_server(tmp_path, "-js", "-sd", str(tmp_path / "js")) as url:

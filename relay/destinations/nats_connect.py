@@ -12,6 +12,7 @@ TLS context it gave nats-py completed a handshake since the previous CONNECT.
 from __future__ import annotations
 
 import ssl
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ class TlsGuard:
         self._where = where
         self._hosts = frozenset(host.lower() for host in hosts)
         self._verified: list[str | None] = []
+        self._handshake_began: float | None = None
+        """When the handshake under way began (``time.monotonic``); None when none is."""
         self.context = context
         self.context.sslobject_class = self._witnessed()
 
@@ -50,14 +53,32 @@ class TlsGuard:
         guard = self
 
         class Witnessed(ssl.SSLObject):
-            """An SSLObject that tells the guard the name it verified, once its handshake
-            completed."""
+            """An SSLObject that tells the guard when its handshake began and the name it
+            verified, once its handshake completed."""
+
+            began = False
 
             def do_handshake(self) -> None:
-                super().do_handshake()
+                if not self.began:  # called again each time the peer's answer arrives
+                    self.began = True
+                    guard._handshake_began = time.monotonic()
+                try:
+                    super().do_handshake()
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    raise
+                except BaseException:
+                    guard._handshake_began = None
+                    raise
+                guard._handshake_began = None
                 guard._verified.append(self.server_hostname)
 
         return Witnessed
+
+    def handshake_stalled(self, within: float) -> bool:
+        """Whether a handshake that began less than ``within`` seconds ago has not completed
+        (nats-py gives a stalled handshake ``connect_timeout`` seconds, then a bare timeout)."""
+        began = self._handshake_began
+        return began is not None and time.monotonic() - began < within
 
     def passing(self, value: str) -> Callable[[], str]:
         """A credential callback for nats-py: ``value``, if this connection is TLS to one of

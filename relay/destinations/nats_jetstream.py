@@ -66,6 +66,9 @@ RECONNECT_WAIT_S = 1
 """Between two connection attempts to a server that is down (nats-py's own loop)."""
 CONNECT_TIMEOUT_S = 2
 """One TCP connection and handshake; an attempt's own timeout bounds its wait anyway."""
+STALL_WINDOW_S = CONNECT_TIMEOUT_S + 1
+"""A handshake that began this recently and timed out is the attempt's (a later attempt's
+timeout without a handshake comes after the reconnect wait and a connect timeout of its own)."""
 PING_INTERVAL_S = 15
 """With nats-py's two outstanding pings, a server that went silent is noticed in 45 s."""
 CLOSE_TIMEOUT_S = 5.0
@@ -287,6 +290,7 @@ class _Link:
         """The problems logged since the last connection (servers tried in turn alternate)."""
         self._closing = False
         self._js: JetStreamContext | None = None
+        self._guard: TlsGuard | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Resolved when the current connection is lost (a new one for each connection)."""
         self._task = asyncio.create_task(
@@ -315,6 +319,7 @@ class _Link:
         try:
             hosts = [urlsplit(server).hostname or "" for server in url.split(",")]
             guard = None if tls is None else TlsGuard(self._where, tls, hosts)
+            self._guard = guard
             await self.client.connect(
                 **ConnectOptions.from_url(url).arguments(guard),
                 name=f"callback-relay:{self._destination}",
@@ -346,6 +351,12 @@ class _Link:
 
     async def _on_error(self, exc: Exception) -> None:
         problem = describe(exc)
+        guard = self._guard
+        if isinstance(exc, TimeoutError) and guard and guard.handshake_stalled(STALL_WINDOW_S):
+            problem = (
+                f"timeout: the server asked for TLS and did not complete the handshake within "
+                f"{CONNECT_TIMEOUT_S} s"
+            )
         self.problem = problem  # reported only while not connected
         if not self.client.is_connected:
             self.answered.set()
