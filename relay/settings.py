@@ -240,6 +240,9 @@ def _describe(
         variable = variables.get(f"{ENV_PREFIX}{error['loc'][0]}".upper()) if error["loc"] else None
         if variable is not None and _holds(environ[variable], error["loc"][1:]):
             lines.append(f"  {location} (from {variable}): {error['msg']}")
+        elif variable is not None and (tag := _tag_in(environ[variable], error["loc"][1:])):
+            from_file = True  # the file's setting, refused for the type the variable gave
+            lines.append(f"  {location} (type {tag!r} from {variable}): {error['msg']}")
         else:
             from_file = True
             lines.append(f"  {location}: {error['msg']}")
@@ -265,6 +268,26 @@ def _holds(value: str, location: Sequence[int | str]) -> bool:
         if found:
             node = node[part]
     return found
+
+
+def _tag_in(value: str, location: Sequence[int | str]) -> str | None:
+    """The ``type`` a variable's JSON table gives on the way to ``location`` (pydantic puts a
+    union's tag in the location), where the setting itself is not the variable's: a file's key
+    refused because the variable changed its table's type."""
+    try:
+        node: Any = json.loads(value)
+    except ValueError:
+        return None
+    for part in location:
+        if not isinstance(node, dict):
+            return None
+        if part in node:
+            node = node[part]
+        elif node.get("type") == part:
+            return str(part)
+        else:
+            return None
+    return None
 
 
 def _unparsed(exc: EnvParseError, environ: Mapping[str, str] = os.environ) -> str:

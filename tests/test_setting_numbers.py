@@ -128,6 +128,27 @@ def test_a_table_variable_is_named_only_for_what_it_holds(
     assert str(config) not in str(err.value)
 
 
+def test_a_table_variable_that_changes_a_file_tables_type_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file's keys are refused for the type the variable gave their table: both are named."""
+    config = _config(tmp_path, '[destinations.crm]\ntype = "http"\nurl = "http://h/x"')
+    monkeypatch.setenv("RELAY_DESTINATIONS", '{"crm": {"type": "amqp", "exchange": "x"}}')
+    with pytest.raises(SettingsError) as err:
+        load_settings(config)
+    assert str(err.value).splitlines() == [
+        f"invalid configuration in {config}:",
+        "  destinations.crm.amqp.url (type 'amqp' from RELAY_DESTINATIONS): Value error, url "
+        "must start with amqp:// or amqps://",
+    ]
+    monkeypatch.setenv("RELAY_DESTINATIONS", '{"crm": {"timeout": "2s"}}')  # the file's type
+    config.write_text('[destinations.crm]\ntype = "amqp"\nurl = "http://h/x"\nexchange = "x"')
+    with pytest.raises(SettingsError) as err:
+        load_settings(config)
+    assert "RELAY_DESTINATIONS" not in str(err.value)
+    assert "destinations.crm.amqp.url: Value error" in str(err.value)
+
+
 def test_a_table_variable_that_is_not_json_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
