@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 import click
 import uvicorn
@@ -62,7 +64,19 @@ async def serve(
                 raise runtime.refused from None
             raise
     finally:
-        await runtime.engine.dispose()
+        await finish(runtime.engine.dispose())
+
+
+async def finish(closing: Coroutine[Any, Any, None]) -> None:
+    """Await ``closing`` to its end, even if this task is cancelled meanwhile (then cancelled
+    after it). After its own shutdown, uvicorn raises the SIGINT it caught again, so that
+    asyncio cancels the main task: the database's connections would be left half-closed."""
+    closed = asyncio.ensure_future(closing)
+    try:
+        await asyncio.shield(closed)
+    except asyncio.CancelledError:
+        await closed
+        raise
 
 
 STARTUP_FAILED_LINE = "Application startup failed. Exiting."

@@ -49,6 +49,10 @@ async def test_restart_keeps_every_event_and_the_dedup_memory(
     assert all(e.duplicates == 1 for e in events)
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_server(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [
@@ -67,6 +71,7 @@ def start_server(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         stderr=subprocess.STDOUT,
         cwd=config.parent,
         env={**os.environ, "RELAY_CONFIG": ""},
+        preexec_fn=default_sigint,  # as in a terminal, whatever the test runner's is
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -122,3 +127,26 @@ def test_acked_events_survive_sigkill_of_a_real_server(tmp_path: Path) -> None:
     )
     stored = {event["id"] for event in json.loads(listing.stdout)}
     assert stored == acked
+
+
+def test_ctrl_c_stops_a_real_server_quietly_with_status_0(tmp_path: Path) -> None:
+    """uvicorn raises the SIGINT it caught again after its graceful stop: that must neither
+    cut the closing of the database short (a traceback) nor make click print "Aborted!"."""
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'database_url = "sqlite:///{tmp_path / "relay.db"}"\n'
+        f'[sources.default]\ntoken = "{TOKEN}"\n'
+    )
+    port, log = free_port(), tmp_path / "server.log"
+    server = start_server(config, port, log)
+    try:
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/hooks/sms/dlr?token={TOKEN}", json=factories.sms_dlr()
+        )
+        assert answer.status_code == 200
+    finally:
+        server.send_signal(signal.SIGINT)
+        status = server.wait(timeout=30)
+    output = log.read_text()
+    assert status == 0, output
+    assert "Traceback" not in output and "Aborted" not in output and "ERROR" not in output

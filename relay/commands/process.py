@@ -85,10 +85,13 @@ def serve(
     new_loop = chosen_loop(loop)
     settings = load_settings_or_exit(config_file)
     configure_logging(log_level, log_format)
-    run(
-        run_server(settings, host, port, log_level, access_log=access_log),
-        loop_factory=new_loop,
-    )
+    try:
+        run(
+            run_server(settings, host, port, log_level, access_log=access_log),
+            loop_factory=new_loop,
+        )
+    except KeyboardInterrupt:  # Ctrl+C: uvicorn stopped gracefully, then raised SIGINT again
+        return
 
 
 @click.command()
