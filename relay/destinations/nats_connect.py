@@ -74,6 +74,10 @@ class TlsGuard:
 
         return Witnessed
 
+    def forget_handshake(self) -> None:
+        """The handshake under way has been accounted for (its connection failed)."""
+        self._handshake_began = None
+
     def handshake_stalled(self, within: float) -> bool:
         """Whether a handshake that began less than ``within`` seconds ago has not completed
         (nats-py gives a stalled handshake ``connect_timeout`` seconds, then a bare timeout)."""

@@ -66,6 +66,7 @@ RECONNECT_WAIT_S = 1
 """Between two connection attempts to a server that is down (nats-py's own loop)."""
 CONNECT_TIMEOUT_S = 2
 """One TCP connection and handshake; an attempt's own timeout bounds its wait anyway."""
+HANDSHAKE_STALLED = "the server asked for TLS and did not complete the handshake"
 STALL_WINDOW_S = CONNECT_TIMEOUT_S + 1
 """A handshake that began this recently and timed out is the attempt's (a later attempt's
 timeout without a handshake comes after the reconnect wait and a connect timeout of its own)."""
@@ -173,6 +174,8 @@ class NatsDestination:
                 await self._publish(link, subject, body, headers, deadline - loop.time())
         except TimeoutError:  # nats-py's request timeout is one too
             error = timeout_error(timeout)
+            if self._link is not None and self._link.in_handshake():
+                error = f"{error}: {HANDSHAKE_STALLED}"  # nats-py's own timeout is later
         except NotDelivered as exc:
             error = str(exc)
         except (NatsError, OSError) as exc:
@@ -349,14 +352,20 @@ class _Link:
         finally:
             self.answered.set()
 
+    def in_handshake(self) -> bool:
+        """Whether a TLS handshake of this client began lately and has not completed."""
+        return self._guard is not None and self._guard.handshake_stalled(STALL_WINDOW_S)
+
     async def _on_error(self, exc: Exception) -> None:
         problem = describe(exc)
-        guard = self._guard
-        if isinstance(exc, TimeoutError) and guard and guard.handshake_stalled(STALL_WINDOW_S):
+        if self.in_handshake():
             problem = (
-                f"timeout: the server asked for TLS and did not complete the handshake within "
-                f"{CONNECT_TIMEOUT_S} s"
+                f"timeout: {HANDSHAKE_STALLED} within {CONNECT_TIMEOUT_S} s"
+                if isinstance(exc, TimeoutError)
+                else f"{problem} during the TLS handshake"
             )
+            assert self._guard is not None
+            self._guard.forget_handshake()  # told: the next attempt's error is its own
         self.problem = problem  # reported only while not connected
         if not self.client.is_connected:
             self.answered.set()
