@@ -358,14 +358,14 @@ class _Link:
 
     async def _on_error(self, exc: Exception) -> None:
         problem = describe(exc)
-        if self.in_handshake():
+        guard = self._guard
+        if guard is not None and guard.handshake_stalled(STALL_WINDOW_S):
             problem = (
                 f"timeout: {HANDSHAKE_STALLED} within {CONNECT_TIMEOUT_S} s"
                 if isinstance(exc, TimeoutError)
                 else f"{problem} during the TLS handshake"
             )
-            assert self._guard is not None
-            self._guard.forget_handshake()  # told: the next attempt's error is its own
+            guard.forget_handshake()  # told: the next attempt's error is its own
         self.problem = problem  # reported only while not connected
         if not self.client.is_connected:
             self.answered.set()

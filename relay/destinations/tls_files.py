@@ -99,9 +99,9 @@ def _client_certificate_problem(certfile: str, keyfile: str | None, exc: Excepti
     if isinstance(exc, ssl.SSLError):
         if exc.reason == "KEY_VALUES_MISMATCH":
             return "the key is not the certificate's"
-        if PEM_CERTIFICATE not in _head(certfile):
+        if PEM_CERTIFICATE not in _content(certfile):
             return "the certfile holds no PEM certificate"
-        if PEM_PRIVATE_KEY not in _head(keyfile or certfile):
+        if PEM_PRIVATE_KEY not in _content(keyfile or certfile):
             return (
                 "the keyfile holds no PEM private key"
                 if keyfile
@@ -110,7 +110,7 @@ def _client_certificate_problem(certfile: str, keyfile: str | None, exc: Excepti
     return describe_error(exc)
 
 
-def _head(path: str) -> bytes:
+def _content(path: str) -> bytes:
     """The file's content (it was checked to be a regular file of at most MAX_FILE_BYTES)."""
     try:
         with open(path, "rb") as file:
