@@ -39,4 +39,8 @@ def loop_factory(name: LoopName = "auto") -> Callable[[], asyncio.AbstractEventL
 
 def loop_name(loop: asyncio.AbstractEventLoop) -> LoopName:
     """The name of the kind of ``loop`` (so that a child process runs on the same kind)."""
-    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it where it builds
+        return "asyncio"
+    return "uvloop" if isinstance(loop, uvloop.Loop) else "asyncio"

@@ -238,9 +238,12 @@ def _describe(
     for error in exc.errors(include_url=False, include_input=False):
         location = ".".join(str(part) for part in error["loc"]) or "(top level)"
         variable = variables.get(f"{ENV_PREFIX}{error['loc'][0]}".upper()) if error["loc"] else None
-        if variable is not None and _holds(environ[variable], error["loc"][1:]):
+        holds, tag = (
+            (False, None) if variable is None else _given_by(environ[variable], error["loc"][1:])
+        )
+        if holds:
             lines.append(f"  {location} (from {variable}): {error['msg']}")
-        elif variable is not None and (tag := _tag_in(environ[variable], error["loc"][1:])):
+        elif tag is not None:
             from_file = True  # the file's setting, refused for the type the variable gave
             lines.append(f"  {location} (type {tag!r} from {variable}): {error['msg']}")
         else:
@@ -250,44 +253,27 @@ def _describe(
     return "\n".join([f"invalid configuration{where}:", *lines])
 
 
-def _holds(value: str, location: Sequence[int | str]) -> bool:
-    """Whether a variable's value holds the setting at ``location`` (below its own key). A
-    table given as JSON is merged with the file's, so the setting may be the file's: it is the
-    variable's where its keys lead to it (a key missing on the way is a union's tag)."""
+def _given_by(value: str, location: Sequence[int | str]) -> tuple[bool, str | None]:
+    """What a variable's value gives of the setting at ``location`` (below its own key):
+    whether it holds the setting, and the ``type`` its JSON table gives on the way (pydantic
+    puts a union's tag in the location). A table given as JSON is merged with the file's, so
+    the setting may be the file's, refused for the type the variable gave its table."""
     if not location:
-        return True
+        return True, None
     try:
         node: Any = json.loads(value)
     except ValueError:
-        return True  # not JSON: the value itself is what was refused
-    found = False
+        return True, None  # not JSON: the value itself is what was refused
+    found, tag = False, None
     for part in location:
         found = isinstance(node, dict | list) and part in (
             node if isinstance(node, dict) else range(len(node))
         )
         if found:
             node = node[part]
-    return found
-
-
-def _tag_in(value: str, location: Sequence[int | str]) -> str | None:
-    """The ``type`` a variable's JSON table gives on the way to ``location`` (pydantic puts a
-    union's tag in the location), where the setting itself is not the variable's: a file's key
-    refused because the variable changed its table's type."""
-    try:
-        node: Any = json.loads(value)
-    except ValueError:
-        return None
-    for part in location:
-        if not isinstance(node, dict):
-            return None
-        if part in node:
-            node = node[part]
-        elif node.get("type") == part:
-            return str(part)
-        else:
-            return None
-    return None
+        elif isinstance(node, dict) and node.get("type") == part:
+            tag = str(part)
+    return found, tag
 
 
 def _unparsed(exc: EnvParseError, environ: Mapping[str, str] = os.environ) -> str:
