@@ -20,12 +20,13 @@ import trustme
 import uvloop
 from pydantic import ValidationError
 
+from relay.destinations.amqp import AmqpDestination
 from relay.destinations.errors import DestinationRefused
 from relay.destinations.mqtt import MqttDestination
 from relay.destinations.nats_connect import ConnectOptions
 from relay.destinations.nats_jetstream import NatsDestination
 from relay.destinations.outcome import Outcome
-from tests.amqp_support import outbound
+from tests.amqp_support import amqp_config, outbound
 from tests.mqtt_support import mqtt_client, private_broker, subscribed
 from tests.nats_support import connect, create_stream, private_server, read_stream
 from tests.support import free_port
@@ -457,6 +458,31 @@ async def test_tls_files_that_cannot_be_used_stop_the_start_naming_them(
         async with asyncio.timeout(5):
             await sender.start()
     await sender.aclose()
+
+
+@pytest.mark.parametrize("broker", ["nats", "mqtt", "amqp"])
+async def test_tls_files_not_loaded_at_start_fail_the_attempt_naming_them(
+    broker: str, tmp_path: Path
+) -> None:
+    """A destination whose start was skipped loads its TLS files at its first connection: a
+    file that cannot be used fails that attempt, as a broker that cannot be reached would."""
+    missing = str(tmp_path / "missing.pem")
+    sender: Any
+    if broker == "nats":
+        sender = NatsDestination("bus", nats_config("a.b", "tls://127.0.0.1:1", cafile=missing))
+    elif broker == "mqtt":
+        sender = MqttDestination("bus", mqtt_config("a/b", "mqtts://127.0.0.1:1", cafile=missing))
+    else:
+        url = f"amqps://guest:guest@127.0.0.1:1/?cafile={missing}"
+        sender = AmqpDestination("bus", amqp_config(url, exchange="x", timeout="1s"))
+    try:
+        outcomes = [await sender.deliver(outbound(), timeout=3) for _ in range(2)]
+    finally:
+        await sender.aclose()
+    for outcome in outcomes:
+        assert not outcome.ok and outcome.error is not None
+        assert f"cannot use cafile='{missing}'" in outcome.error, outcome.error
+        assert "guest" not in outcome.error
 
 
 @pytest.mark.parametrize(

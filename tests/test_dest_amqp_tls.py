@@ -16,7 +16,7 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from relay.destinations.amqp import AmqpDestination, tls_context
+from relay.destinations.amqp import AmqpDestination, tls_files
 from relay.destinations.errors import DestinationRefused
 from tests.amqp_support import Rabbit, amqp_config, outbound
 
@@ -197,7 +197,8 @@ async def test_tls_files_that_cannot_be_used_are_refused_at_start(
 def test_plain_amqp_has_no_tls_context_and_amqps_verifies_by_default() -> None:
     from yarl import URL
 
-    assert tls_context(URL("amqp://127.0.0.1/")) is None
-    context = tls_context(URL("amqps://127.0.0.1/"))
-    assert context is not None
+    assert tls_files(URL("amqp://127.0.0.1/")) is None
+    files = tls_files(URL("amqps://127.0.0.1/"))
+    assert files is not None
+    context = files.context()
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname

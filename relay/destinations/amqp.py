@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from urllib.parse import unquote, urlsplit
 
@@ -43,7 +42,6 @@ from yarl import URL
 from relay.destinations.broker_config import AmqpDeclare, AmqpDestinationConfig
 from relay.destinations.errors import (
     MAX_ERROR_LENGTH,
-    DestinationRefused,
     describe_error,
     storable,
     timeout_error,
@@ -53,7 +51,7 @@ from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
 from relay.destinations.templates import NameTemplate
-from relay.destinations.tls_files import TlsFiles
+from relay.destinations.tls_files import TlsContext, TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +86,7 @@ class AmqpDestination:
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self._tls: ssl.SSLContext | None = None
+        self._tls = TlsContext(tls_files(URL(config.url)))
 
     def message_for(self, outbound: Outbound) -> Message:
         """The message published for ``outbound``."""
@@ -105,12 +103,12 @@ class AmqpDestination:
         )
 
     async def start(self) -> None:
-        """Load the TLS files of an ``amqps://`` URL (:func:`tls_context`; one that cannot be
+        """Load the TLS files of an ``amqps://`` URL (:func:`tls_files`; one that cannot be
         used raises :class:`DestinationRefused`), then connect and declare, within the
         destination's timeout. A broker that is down or refuses is not an error here (its
         deliveries fail and wait under the policy): it is logged, without credentials, and the
         first delivery tries again."""
-        self._tls = tls_context(URL(self._url))
+        self._tls.load()
         try:
             async with asyncio.timeout(self._start_timeout):
                 await self._ready()
@@ -203,13 +201,10 @@ class AmqpDestination:
         url = URL(self._url)
         # the url's own ``name``, else one that says whose connection it is
         named = url.query.get("name") or f"{APP_ID} {self.name}"
-        if self._tls is None and url.scheme == "amqps":
-            try:
-                self._tls = tls_context(url)
-            except DestinationRefused as refused:
-                raise ConnectionError(str(refused)) from None  # a failed attempt
         connection = Connection(
-            url, ssl_context=self._tls, client_properties={"connection_name": named}
+            url,
+            ssl_context=self._tls.for_connection(ConnectionError),
+            client_properties={"connection_name": named},
         )
         try:
             await connection.connect()
@@ -313,8 +308,8 @@ def _since(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def tls_context(url: URL) -> ssl.SSLContext | None:
-    """The TLS context of an ``amqps://`` URL (``None`` for ``amqp://``), from its query as
+def tls_files(url: URL) -> TlsFiles | None:
+    """The TLS files of an ``amqps://`` URL (``None`` for ``amqp://``), from its query as
     aio-pika reads it: ``cafile``/``capath`` (else the system's CA certificates), ``certfile``
     and ``keyfile`` (a client certificate), ``no_verify_ssl=1``; see :class:`TlsFiles`."""
     if url.scheme != "amqps":
@@ -326,4 +321,4 @@ def tls_context(url: URL) -> ssl.SSLContext | None:
         certfile=query.get("certfile"),
         keyfile=query.get("keyfile"),  # keyfile needs certfile
         verify=query.get("no_verify_ssl") != "1",
-    ).context()
+    )

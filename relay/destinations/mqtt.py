@@ -41,7 +41,6 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from relay.destinations.broker_config import MqttDestinationConfig
 from relay.destinations.errors import (
-    DestinationRefused,
     describe_error,
     timeout_error,
     without_credentials,
@@ -50,6 +49,7 @@ from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
 from relay.destinations.templates import NameTemplate
+from relay.destinations.tls_files import TlsContext
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +341,7 @@ class MqttDestination:
         self.name = name
         self._url = config.url
         self._endpoint = Endpoint.from_url(config.url)
-        self._tls_files = config.tls_files()
-        self._tls: ssl.SSLContext | None = None
+        self._tls = TlsContext(config.tls_files())
         self._topic = NameTemplate(config.topic)
         self._qos = config.qos
         self._format = config.format
@@ -365,8 +364,7 @@ class MqttDestination:
         """Load the TLS files (one that cannot be used raises :class:`DestinationRefused`
         naming it), then connect ahead of the first delivery; a broker that cannot be reached
         is logged (without credentials) and left to the deliveries' retries."""
-        if self._tls_files is not None:
-            self._tls = self._tls_files.context()  # DestinationRefused: the worker stops
+        self._tls.load()  # DestinationRefused: the worker stops
         if self._qos == 2:
             log.warning(
                 "destination %s: with qos 2 a publish the broker refuses (an ACL) counts as "
@@ -429,13 +427,11 @@ class MqttDestination:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
-            if self._tls is None and self._tls_files is not None:
-                try:
-                    self._tls = self._tls_files.context()
-                except DestinationRefused as refused:
-                    raise MqttError(str(refused)) from None  # a failed attempt
             self._connection = await MqttConnection.open(
-                self._endpoint, self._client_id, connect_timeout=timeout, tls=self._tls
+                self._endpoint,
+                self._client_id,
+                connect_timeout=timeout,
+                tls=self._tls.for_connection(MqttError),
             )
             return self._connection
 

@@ -58,6 +58,7 @@ from relay.destinations.nats_connect import (
 from relay.destinations.outbound import Outbound, render
 from relay.destinations.outcome import Outcome
 from relay.destinations.templates import NameTemplate
+from relay.destinations.tls_files import TlsContext
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,7 @@ class NatsDestination:
     def __init__(self, name: str, config: NatsDestinationConfig) -> None:
         self.name = name
         self._url = config.url
-        self._tls_files = config.tls_files()
-        self._tls: ssl.SSLContext | None = None
-        """Built once from the TLS files (at start, else at the first connection)."""
+        self._tls = TlsContext(config.tls_files())
         self._where = shown_servers(config.url)
         self._subject = NameTemplate(config.subject)
         self._format = config.format
@@ -127,8 +126,7 @@ class NatsDestination:
         is down (or slow) is only logged, without credentials: nats-py keeps trying, and the
         deliveries fail and wait under the policy meanwhile. TLS files that cannot be used
         raise :class:`DestinationRefused` naming them."""
-        if self._tls_files is not None:
-            self._tls = self._tls_files.context()
+        self._tls.load()
         try:
             async with asyncio.timeout(self._start_timeout):
                 link = await self._ready()
@@ -207,12 +205,8 @@ class NatsDestination:
             if self._link is None or self._link.dead:
                 if self._link is not None:
                     await self._link.close()  # before the next link's guard takes the context
-                if self._tls is None and self._tls_files is not None:
-                    try:
-                        self._tls = self._tls_files.context()
-                    except DestinationRefused as refused:
-                        raise NotDelivered(str(refused)) from None  # a failed attempt
-                self._link = _Link(self.name, self._url, self._where, self._tls)
+                tls = self._tls.for_connection(NotDelivered)  # the same context for each link
+                self._link = _Link(self.name, self._url, self._where, tls)
             link = self._link
         if not link.client.is_connected:
             await link.answered.wait()

@@ -65,6 +65,31 @@ class TlsFiles:
             ) from None
 
 
+class TlsContext:
+    """A destination's TLS context, built once from its files (``None``: no TLS): at start,
+    where a refusal stops the worker, else at the first connection of a destination whose
+    start was skipped, where a refusal is that attempt's failure."""
+
+    def __init__(self, files: TlsFiles | None) -> None:
+        self._files = files
+        self._context: ssl.SSLContext | None = None
+
+    def load(self) -> None:
+        """Build the context now (at start); :class:`DestinationRefused` naming the file."""
+        if self._files is not None:
+            self._context = self._files.context()
+
+    def for_connection(self, failure: type[Exception]) -> ssl.SSLContext | None:
+        """The context, built now if it was not at start: a refusal raises ``failure`` (the
+        client's own connection error, so that the attempt fails as for any other)."""
+        if self._context is None and self._files is not None:
+            try:
+                self._context = self._files.context()
+            except DestinationRefused as refused:
+                raise failure(str(refused)) from None
+        return self._context
+
+
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """Far above any certificate file (a system's whole CA bundle is about 200 kB): a larger one
 would hold the worker's start for as long as it takes to read."""
