@@ -1,6 +1,6 @@
 """The relay's Prometheus figures: what a worker does (attempts, their duration, the lag of
-deliveries, sweeps), and the store's state (backlog, breakers), read from the database when
-scraped.
+deliveries, sweeps), and the store's state (backlog, breakers), read from the database in the
+background while scraped, at most once per interval.
 
 Every metric lives in the registry it is given, one per process (see
 :class:`receivers.metrics.Metrics`), never in ``prometheus_client``'s global one. A worker
@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.metrics import Metrics
 from relay import outbox
 from relay.breaker import DestinationHealth, breaker_state
-from relay.destinations.errors import describe_error
+from relay.destinations.errors import describe_database_error, describe_error
 from relay.settings import SettingsError
 from relay.tables import PENDING
 
@@ -36,7 +39,9 @@ LAG_BUCKETS = (
     *(300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0),  # retries stretch the lag to hours
 )
 STORE_READ_TIMEOUT_SECONDS = 2.0
-"""How long a scrape waits for the store's figures before serving without them."""
+"""How long a read of the store's figures may take before it counts as failed."""
+STORE_READ_INTERVAL = timedelta(seconds=5)
+"""The default of ``metrics_refresh_interval``: the store's figures are read at most this often."""
 
 
 @dataclass(frozen=True)
@@ -103,9 +108,16 @@ class WorkerMetrics:
 
 
 class StoreFigures:
-    """Gauges read from the database at each scrape (:meth:`refresh`): each destination's
-    pending and dead deliveries and breaker state, and the oldest pending delivery's age. They
-    are the store's, not the process's: every `relay serve` reports the same values."""
+    """Gauges of the store's state: each destination's pending and dead deliveries and breaker
+    state, and the oldest pending delivery's age. They are the store's, not the process's:
+    every `relay serve` reports the same values.
+
+    A scrape never reads the database itself (:meth:`refresh`): one that finds the figures
+    older than ``interval`` starts a read in the background (:meth:`read`, one at a time) and
+    is served the figures at hand. So the database is read at most once per interval however
+    many scrape, and not at all while nobody does; only while no figures were read yet does a
+    scrape wait for the read (at most ``timeout``). Their age is a gauge of its own,
+    ``relay_store_figures_age_seconds``."""
 
     def __init__(
         self,
@@ -114,12 +126,20 @@ class StoreFigures:
         destinations: Iterable[str],
         clock: Callable[[], datetime],
         *,
+        interval: timedelta = STORE_READ_INTERVAL,
         timeout: float = STORE_READ_TIMEOUT_SECONDS,
     ) -> None:
         self._engine = engine
         self._destinations = tuple(destinations)
         self._clock = clock
+        self._interval = interval
         self._timeout = timeout
+        self._read_at: datetime | None = None
+        """When the figures served were read (None until a read succeeded)."""
+        self._asked_at: datetime | None = None
+        """When the last read started, whatever its outcome."""
+        self._reading: asyncio.Task[None] | None = None
+        self._failing = False
         self.pending = Gauge(
             "relay_deliveries_pending",
             "Deliveries waiting for an attempt (due or scheduled), by destination.",
@@ -144,19 +164,53 @@ class StoreFigures:
             registry=registry,
         )
         self._by_destination = (self.pending, self.dead, self.breaker)
+        registry.register(FiguresAge(self))
+
+    def age(self) -> float | None:
+        """Seconds since the figures served were read (None before any was)."""
+        if self._read_at is None:
+            return None
+        return max((self._clock() - self._read_at).total_seconds(), 0.0)
 
     async def refresh(self) -> None:
-        """Read the figures; a store that does not answer in time leaves them out of this
-        scrape (logged), and the process's own figures are served all the same."""
+        """Before a scrape: start a read when the figures are older than the interval and none
+        is under way; wait for it only while no figures were read yet."""
+        reading = self._reading
+        if (reading is None or reading.done()) and self._due():
+            self._asked_at = self._clock()
+            reading = self._reading = asyncio.create_task(self.read(), name="store-figures")
+        if reading is not None and self._read_at is None:
+            await asyncio.shield(reading)
+
+    def _due(self) -> bool:
+        if self._asked_at is None:
+            return True
+        elapsed = self._clock() - self._asked_at
+        return not timedelta(0) <= elapsed < self._interval  # a clock set back counts as due
+
+    async def read(self) -> None:
+        """Read the figures now. A store that fails or does not answer in time leaves the last
+        figures served (their age grows); one line is logged when reads start failing, and one
+        when they succeed again."""
+        now = self._clock()
         try:
             async with asyncio.timeout(self._timeout):
                 backlog, health = await outbox.store_figures(self._engine)
         except Exception as exc:
-            log.warning("metrics: cannot read the store's figures: %s", describe_error(exc))
-            for gauge in (*self._by_destination, self.oldest_pending_age):
-                gauge.clear()
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    "metrics: cannot read the store's figures: %s; the last ones read are served",
+                    describe_database_error(exc),
+                )
             return
-        now = self._clock()
+        if self._failing:
+            self._failing = False
+            log.info("metrics: the store's figures are read again")
+        self._set(backlog, health, now)
+        self._read_at = now
+
+    def _set(self, backlog: list[Row[Any]], health: list[Row[Any]], now: datetime) -> None:
         names = {*self._destinations, *(row.destination for row in backlog)}
         names.update(row.name for row in health)
         for gauge in self._by_destination:
@@ -174,16 +228,31 @@ class StoreFigures:
             state = DestinationHealth(row.consecutive_failures, row.paused_until, row.disabled)
             self.breaker.labels(row.name).set(breaker_state(state, now))
 
+    async def aclose(self) -> None:
+        """Cancel a read under way (when the server stops)."""
+        reading = self._reading
+        if reading is not None and not reading.done():
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
 
-def serve_metrics(
-    engine: AsyncEngine, destinations: Iterable[str], clock: Callable[[], datetime]
-) -> Metrics:
-    """The figures of one `relay serve` process: its ``/metrics`` reads the store's figures
-    when scraped; the receivers' counters (and the embedded worker's) join its registry."""
-    metrics = Metrics()
-    store = StoreFigures(metrics.registry, engine, destinations, clock)
-    metrics.before_scrape(store.refresh)
-    return metrics
+
+class FiguresAge(Collector):
+    """``relay_store_figures_age_seconds``, computed when collected; absent until the store's
+    figures were first read."""
+
+    NAME = "relay_store_figures_age_seconds"
+    HELP = "Seconds since the store's gauges served were read from the database."
+
+    def __init__(self, figures: StoreFigures) -> None:
+        self._figures = figures
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(self.NAME, self.HELP)]
+
+    def collect(self) -> Iterator[Metric]:
+        age = self._figures.age()
+        if age is not None:
+            yield GaugeMetricFamily(self.NAME, self.HELP, value=age)
 
 
 @contextlib.asynccontextmanager

@@ -21,14 +21,19 @@ from starlette.applications import Starlette
 
 from receivers import DEFAULT_SOURCE, create_app
 from receivers.config import ReceiverConfig
+from receivers.metrics import Metrics
 from receivers.store import create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
 from relay import migrate
 from relay.bootstrap import generated_token, token_source
 from relay.console.access import ConsoleAccess, console_access, mount_console
-from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
+from relay.destinations.errors import (
+    describe_database_error,
+    describe_error,
+    without_credentials,
+)
 from relay.jobs import JobQueue, open_pool
-from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
+from relay.metrics import StoreFigures, WorkerMetrics, metrics_server
 from relay.outbox import Due
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
@@ -51,14 +56,25 @@ class Runtime:
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
         """The ASGI app to serve: receivers whose commits are routed and relayed."""
         hook = RoutingHook(self.engine, router_for(self.settings), clock)
-        metrics = serve_metrics(self.engine, self.settings.destinations, clock)
+        metrics = Metrics()
+        store_figures = StoreFigures(
+            metrics.registry,
+            self.engine,
+            self.settings.destinations,
+            clock,
+            interval=self.settings.metrics_refresh_interval,
+        )
+        metrics.before_scrape(store_figures.refresh)
 
         @contextlib.asynccontextmanager
         async def relay() -> AsyncIterator[None]:
             try:
-                async with relay_queue(
-                    self.settings, self.engine, clock, registry=metrics.registry
-                ) as queue:
+                async with (
+                    contextlib.aclosing(store_figures),
+                    relay_queue(
+                        self.settings, self.engine, clock, registry=metrics.registry
+                    ) as queue,
+                ):
                     hook.queue = queue
                     yield
             except SettingsError as refused:
@@ -161,14 +177,9 @@ async def connect_database(engine: AsyncEngine) -> None:
     except sqlite3.Error as exc:
         raise SettingsError(f"cannot connect to the database at {where}: {exc}") from None
     except (OSError, TimeoutError, DBAPIError) as exc:
-        raise SettingsError(f"cannot connect to the database at {where}: {_reason(exc)}") from None
-
-
-def _reason(exc: Exception) -> str:
-    """The driver's own words (``database "x" does not exist``), on one line."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        return " ".join(str(exc.orig).split())[:MAX_ERROR_LENGTH] or type(exc.orig).__name__
-    return describe_error(exc)
+        raise SettingsError(
+            f"cannot connect to the database at {where}: {describe_database_error(exc)}"
+        ) from None
 
 
 async def prepare_database(engine: AsyncEngine) -> None:

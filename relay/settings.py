@@ -41,6 +41,8 @@ NAME_LENGTH = 64
 """The longest destination or policy name (the width of the deliveries' columns)."""
 SHORTEST_EDGE_TIMEOUT = timedelta(milliseconds=100)
 LONGEST_EDGE_TIMEOUT = timedelta(hours=1)
+SHORTEST_REFRESH_INTERVAL = timedelta(seconds=1)
+LONGEST_REFRESH_INTERVAL = timedelta(hours=1)
 
 
 class SettingsError(Exception):
@@ -80,6 +82,8 @@ class Settings(BaseSettings):
     writer_process: bool = True
     """A SQLite file's events are written by a process of its own (a speed trick; off: by the
     server's own process, as for PostgreSQL)."""
+    metrics_refresh_interval: Duration = timedelta(seconds=5)
+    """The store's gauges on ``/metrics`` are read from the database at most this often."""
 
     @field_validator("database_url")
     @classmethod
@@ -110,6 +114,13 @@ class Settings(BaseSettings):
     def _edge_timeout_in_range(cls, value: timedelta) -> timedelta:
         if not SHORTEST_EDGE_TIMEOUT <= value <= LONGEST_EDGE_TIMEOUT:
             raise ValueError(f"must be between 100ms and 1h, not {value.total_seconds():g}s")
+        return value
+
+    @field_validator("metrics_refresh_interval")
+    @classmethod
+    def _refresh_interval_in_range(cls, value: timedelta) -> timedelta:
+        if not SHORTEST_REFRESH_INTERVAL <= value <= LONGEST_REFRESH_INTERVAL:
+            raise ValueError(f"must be between 1s and 1h, not {value.total_seconds():g}s")
         return value
 
     @field_validator("max_connections", mode="before")

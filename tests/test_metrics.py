@@ -1,5 +1,6 @@
 """Prometheus metrics: the receivers' counters, a worker's attempts, lag and sweeps, the
-store's gauges at scrape time, `relay serve`'s one registry and `relay worker --metrics-port`."""
+store's gauges as read, `relay serve`'s one registry and `relay worker --metrics-port` (how
+often the store is read while scraped: tests/test_metrics_refresh.py)."""
 
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ async def test_store_gauges_follow_failures_pauses_410_and_dead_deliveries(
     def gauge(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
 
-    await figures.refresh()
+    await figures.read()
     assert gauge("relay_deliveries_pending", destination="idle") == 0
     assert gauge("relay_destination_breaker_state", destination="crm") == 0
     assert gauge("relay_oldest_pending_age_seconds") == 0
@@ -160,14 +161,14 @@ async def test_store_gauges_follow_failures_pauses_410_and_dead_deliveries(
     await store_events(engine, [("/hooks/sms/dlr", factories.sms_dlr()) for _ in range(2)], clock)
     due = await worker.route_all()
     clock.advance(30 * SECOND)
-    await figures.refresh()
+    await figures.read()
     for name in ("crm", "gone", "once"):
         assert gauge("relay_deliveries_pending", destination=name) == 2
     assert gauge("relay_oldest_pending_age_seconds") == 30
 
     for delivery in due:
         await worker.deliverer.attempt(delivery.id)
-    await figures.refresh()
+    await figures.read()
 
     assert worker.value("relay_delivery_attempts_total", destination="crm", outcome="failed") == 2
     # the first 410 disables the destination: the second delivery is held, not attempted
@@ -183,7 +184,7 @@ async def test_store_gauges_follow_failures_pauses_410_and_dead_deliveries(
     assert gauge("relay_oldest_pending_age_seconds") == 30
 
     clock.advance(timedelta(minutes=11))  # the pause is over
-    await figures.refresh()
+    await figures.read()
     assert gauge("relay_destination_breaker_state", destination="crm") == 0
     assert gauge("relay_oldest_pending_age_seconds") == 30 + 11 * 60
 
@@ -193,7 +194,7 @@ async def test_a_store_that_does_not_answer_leaves_its_gauges_out(tmp_path: Path
     registry = CollectorRegistry()
     figures = StoreFigures(registry, engine, ["crm"], utc_now)
     try:
-        await figures.refresh()
+        await figures.read()
     finally:
         await engine.dispose()
     assert registry.get_sample_value("relay_deliveries_pending", {"destination": "crm"}) is None
@@ -251,6 +252,7 @@ async def test_relay_serve_records_receivers_and_embedded_worker_in_one_registry
         sources={"default": {"token": TOKEN}},
         destinations={"crm": {"type": "http", "url": sink.url(), "timeout": "1s"}},
         sweep_interval="200ms",
+        metrics_refresh_interval="1s",
     )
     async with serving(settings) as client:
         for _ in range(4):
@@ -268,7 +270,7 @@ async def test_relay_serve_records_receivers_and_embedded_worker_in_one_registry
             delivered = sample(text, "relay_delivery_lag_seconds_count", destination="crm")
             pending = sample(text, "relay_deliveries_pending", destination="crm")
             # the lag is observed once the success is recorded; the gauges are read from the
-            # database at the start of a scrape, so one scrape may precede the other
+            # database in the background, at most once a second, so they may lag behind
             return text if delivered == 3 and pending == 0 else None
 
         text = await eventually(scraped)

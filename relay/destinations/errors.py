@@ -1,10 +1,13 @@
-"""Short, secret-free descriptions of delivery errors (and of the URLs of services)."""
+"""Short, secret-free descriptions of delivery errors (and of the URLs of services and of
+database errors)."""
 
 from __future__ import annotations
 
 import re
 import socket
 from urllib.parse import urlsplit
+
+from sqlalchemy.exc import DBAPIError
 
 MAX_ERROR_LENGTH = 200
 USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
@@ -33,6 +36,13 @@ def describe_error(exc: BaseException) -> str:
     text = USERINFO.sub("", _text(exc)).strip()
     described = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return storable(described)[:MAX_ERROR_LENGTH]
+
+
+def describe_database_error(exc: BaseException) -> str:
+    """The database driver's own words (``database "x" does not exist``), on one line."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        return " ".join(str(exc.orig).split())[:MAX_ERROR_LENGTH] or type(exc.orig).__name__
+    return describe_error(exc)
 
 
 def without_credentials(url: str) -> str:
