@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import socket
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -20,8 +21,9 @@ from relay import log_redaction
 from relay.connection_guard import ConnectionGuard, EdgeLimits
 from relay.console.access import GENERATED_USER, ConsoleAccess
 from relay.console.web import CONSOLE_PATH
+from relay.listening import Listeners, listening, reason, url_host
 from relay.runtime import Runtime, start
-from relay.settings import Settings
+from relay.settings import Settings, SettingsError
 
 try:
     import resource
@@ -43,28 +45,53 @@ CONNECTIONS_WITHOUT_LIMIT = 10_000
 async def serve(
     settings: Settings, host: str, port: int, log_level: str = "info", *, access_log: bool = True
 ) -> None:
-    """Serve until interrupted."""
-    runtime = await start(settings)
-    try:
-        if runtime.generated_token is not None:
-            print_callback_urls(runtime, host, port)
-        if runtime.console is not None:
-            print_console_url(runtime.console, host, port)
-        app = RefusalUntold(runtime.app(), runtime)
-        config = server_config(app, settings, host, port, log_level, access_log=access_log)
-        server = uvicorn.Server(config)
-        log_redaction.install()
-        config.load()  # import the HTTP protocol and build the app now, before the freeze
-        freeze_startup_objects()
+    """Serve until interrupted. The ports are bound first: one that cannot be is a
+    :class:`SettingsError` before anything else starts."""
+    with listening(settings, host, port) as listeners:
+        runtime = await start(settings)
         try:
-            with app.untold_by_uvicorn():
-                await server.serve()
-        except SystemExit:  # uvicorn's exit when the app's start fails
-            if runtime.refused is not None:
-                raise runtime.refused from None
-            raise
-    finally:
-        await finish(runtime.engine.dispose())
+            if runtime.generated_token is not None:
+                print_callback_urls(runtime, host, listeners.public.port)
+            if runtime.console is not None:
+                print_console_url(runtime.console, listeners.console.host, listeners.console.port)
+            app: ASGIApp = runtime.app()
+            untold = RefusalUntold(app, runtime)
+            config = server_config(untold, settings, host, port, log_level, access_log=access_log)
+            server = ListeningServer(config, listeners)
+            log_redaction.install()
+            config.load()  # import the HTTP protocol and build the app now, before the freeze
+            freeze_startup_objects()
+            try:
+                with untold.untold_by_uvicorn():
+                    await server.serve(sockets=listeners.sockets)
+            except SystemExit:  # uvicorn's exit when the app's start fails
+                if runtime.refused is not None:
+                    raise runtime.refused from None
+                raise
+        finally:
+            await finish(runtime.engine.dispose())
+
+
+class ListeningServer(uvicorn.Server):
+    """uvicorn's server on the sockets bound beforehand (:mod:`relay.listening`); once started,
+    it says where it listens, as uvicorn does for a port it binds itself."""
+
+    def __init__(self, config: uvicorn.Config, listeners: Listeners) -> None:
+        super().__init__(config)
+        self._listeners = listeners
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets=sockets)
+        except OSError as exc:  # a process that bound a port too listened on it first
+            await self.lifespan.shutdown()
+            raise SettingsError(f"cannot listen on the ports bound: {reason(exc)}") from None
+        if not self.started:
+            return
+        public = self._listeners.public
+        logging.getLogger("uvicorn.error").info(
+            "Uvicorn running on %s (Press CTRL+C to quit)", public.url
+        )
 
 
 async def finish(closing: Coroutine[Any, Any, None]) -> None:
@@ -205,7 +232,7 @@ def freeze_startup_objects() -> None:
 
 def shown_address(host: str, port: int) -> str:
     """The server's address as the operator should type it."""
-    shown_host = "<this-host>" if host in ("0.0.0.0", "::") else host
+    shown_host = "<this-host>" if host in ("0.0.0.0", "::") else url_host(host)
     return f"http://{shown_host}:{port}"
 
 

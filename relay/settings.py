@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -43,6 +46,8 @@ SHORTEST_EDGE_TIMEOUT = timedelta(milliseconds=100)
 LONGEST_EDGE_TIMEOUT = timedelta(hours=1)
 SHORTEST_REFRESH_INTERVAL = timedelta(seconds=1)
 LONGEST_REFRESH_INTERVAL = timedelta(hours=1)
+SHOWN_HOST = 40
+"""How much of a refused host an error message repeats."""
 
 
 class SettingsError(Exception):
@@ -200,6 +205,24 @@ def check_database_url(value: str) -> None:
             )
         if not url.database or url.database == ":memory:":
             raise ValueError("SQLite needs a file: in memory, the events would be lost at stop")
+
+
+HOST_LENGTH = 253
+"""The longest host name DNS allows."""
+HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def check_host(value: str) -> str:
+    """``value`` if it can name an interface to listen on: an IP address or a host name (DNS
+    labels of letters, digits and hyphens); whether it resolves is known only when bound."""
+    if len(value) <= HOST_LENGTH:
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(value)
+            return value
+        if all(HOST_LABEL.fullmatch(label) for label in value.split(".")):
+            return value
+    shown = repr(value) if len(value) <= SHOWN_HOST else repr(value[:SHOWN_HOST]) + "..."
+    raise ValueError(f"not an IP address or a host name: {shown}")
 
 
 def config_path(

@@ -59,9 +59,9 @@ def chosen_loop(name: LoopName) -> Callable[[], asyncio.AbstractEventLoop]:
     "--port",
     default=8000,
     show_default=True,
-    type=int,
+    type=click.IntRange(0, 65535),
     envvar=["RELAY_PORT", "PORT"],
-    help="Port to listen on ($RELAY_PORT or $PORT).",
+    help="Port to listen on; 0: any free port ($RELAY_PORT or $PORT).",
 )
 @log_level_option
 @log_format_option
