@@ -22,7 +22,7 @@ from receivers.handler import HookEndpoint
 from receivers.kinds import kinds_by_path
 from receivers.metrics import Metrics, ReceiverCounters
 from receivers.openapi import openapi_document
-from receivers.problems import Problem
+from receivers.problems import Problem, not_found
 from receivers.routing import ReceiverApp
 from receivers.store.records import AfterCommit, utc_now
 from receivers.store.writer import EventWriter
@@ -141,12 +141,15 @@ async def _ping(engine: AsyncEngine) -> None:
 
 async def _http_problem(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    titles = {404: "Not Found", 405: "Method Not Allowed"}
-    title = titles.get(exc.status_code, "Error")
-    detail = {
-        404: f"No receiver at {request.url.path}.",
-        405: f"{request.method} is not accepted at {request.url.path}.",
-    }.get(exc.status_code, str(exc.detail))
+    if exc.status_code == 404:
+        return not_found(request.url.path).response()
+    if exc.status_code == 405:
+        title, detail = (
+            "Method Not Allowed",
+            f"{request.method} is not accepted at {request.url.path}.",
+        )
+    else:
+        title, detail = "Error", str(exc.detail)
     slug = title.lower().replace(" ", "-")
     return Problem(exc.status_code, slug, title, detail, headers=dict(exc.headers or {})).response()
 

@@ -53,3 +53,8 @@ class Problem(Exception):
             media_type=PROBLEM_MEDIA_TYPE,
             headers=self.headers,
         )
+
+
+def not_found(path: str) -> Problem:
+    """The answer at a path where nothing is served."""
+    return Problem(404, "not-found", "Not Found", f"No receiver at {path}.")

@@ -66,10 +66,27 @@ class Listeners:
 
 @contextlib.contextmanager
 def listening(settings: Settings, host: str, port: int) -> Iterator[Listeners]:
-    """Bind the listener (``host``, ``port``); closed on the way out. A port that cannot be
-    bound is a :class:`SettingsError` saying why."""
-    with listen(host, port) as public:
-        yield Listeners(public, None)
+    """Bind the public listener (``host``, ``port``) and the admin one (``admin_host``,
+    ``admin_port``, when set); closed on the way out. Any of them that cannot be bound is a
+    :class:`SettingsError` saying which and why."""
+    if settings.admin_port is not None and settings.admin_port == port:
+        raise SettingsError(
+            f"admin_port {port} is also the public port (--port): the admin listener needs a "
+            "port of its own"
+        )
+    with contextlib.ExitStack() as stack:
+        public = stack.enter_context(listen(host, port))
+        admin = None
+        if settings.admin_port is not None:
+            admin = stack.enter_context(
+                listen(settings.admin_host, settings.admin_port, "admin_port")
+            )
+            if admin.port == public.port:  # only after --port 0 on another address
+                raise SettingsError(
+                    f"--port 0 was given port {public.port}, admin_port's (on another address): "
+                    "give --port a port of its own"
+                )
+        yield Listeners(public, admin)
 
 
 @contextlib.contextmanager

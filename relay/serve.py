@@ -18,6 +18,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from receivers.config import source_prefix
 from receivers.kinds import kinds_by_path
 from relay import log_redaction
+from relay.admin_listener import ADMIN_PATHS, AdminSplit
 from relay.connection_guard import ConnectionGuard, EdgeLimits
 from relay.console.access import GENERATED_USER, ConsoleAccess
 from relay.console.web import CONSOLE_PATH
@@ -55,6 +56,8 @@ async def serve(
             if runtime.console is not None:
                 print_console_url(runtime.console, listeners.console.host, listeners.console.port)
             app: ASGIApp = runtime.app()
+            if listeners.admin is not None:
+                app = AdminSplit(app, listeners.admin.port)
             untold = RefusalUntold(app, runtime)
             config = server_config(untold, settings, host, port, log_level, access_log=access_log)
             server = ListeningServer(config, listeners)
@@ -88,10 +91,12 @@ class ListeningServer(uvicorn.Server):
             raise SettingsError(f"cannot listen on the ports bound: {reason(exc)}") from None
         if not self.started:
             return
-        public = self._listeners.public
+        public, admin = self._listeners.public, self._listeners.admin
         logging.getLogger("uvicorn.error").info(
             "Uvicorn running on %s (Press CTRL+C to quit)", public.url
         )
+        if admin is not None:
+            log.info("admin listener on %s: %s", admin.url, ", ".join(sorted(ADMIN_PATHS)))
 
 
 async def finish(closing: Coroutine[Any, Any, None]) -> None:

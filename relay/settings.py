@@ -89,6 +89,11 @@ class Settings(BaseSettings):
     server's own process, as for PostgreSQL)."""
     metrics_refresh_interval: Duration = timedelta(seconds=5)
     """The store's gauges on ``/metrics`` are read from the database at most this often."""
+    admin_port: Count | None = Field(default=None, ge=1, le=65535)
+    """`relay serve` serves ``/console``, ``/metrics`` and ``/openapi.json`` on this port of its
+    own (on ``admin_host``), and only the receivers and health checks on the public one."""
+    admin_host: str = "127.0.0.1"
+    """The interface of ``admin_port``."""
 
     @field_validator("database_url")
     @classmethod
@@ -127,6 +132,17 @@ class Settings(BaseSettings):
         if not SHORTEST_REFRESH_INTERVAL <= value <= LONGEST_REFRESH_INTERVAL:
             raise ValueError(f"must be between 1s and 1h, not {value.total_seconds():g}s")
         return value
+
+    @field_validator("admin_host")
+    @classmethod
+    def _admin_host(cls, value: str) -> str:
+        return check_host(value)
+
+    @model_validator(mode="after")
+    def _admin_host_needs_its_port(self) -> Settings:
+        if "admin_host" in self.model_fields_set and self.admin_port is None:
+            raise ValueError("admin_host is set but admin_port is not: set both, or neither")
+        return self
 
     @field_validator("max_connections", mode="before")
     @classmethod

@@ -73,6 +73,17 @@ def test_a_taken_port_is_one_line_before_anything_starts(tmp_path: Path) -> None
     assert not (tmp_path / "relay.db").exists()  # no database, so no writer and no worker
 
 
+def test_a_taken_admin_port_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    with taken_port() as port:
+        result = serve_once(tmp_path, "--port", str(free_port()), RELAY_ADMIN_PORT=str(port))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: cannot listen on 127.0.0.1:{port} (admin_port): address already in use\n"
+    )
+    assert not (tmp_path / "relay.db").exists()
+
+
 @pytest.mark.parametrize(
     ("host", "reason"),
     [
@@ -123,6 +134,17 @@ def test_a_port_variable_out_of_range_or_not_a_number_is_refused(
     result = CliRunner().invoke(main, ["serve", "--config", str(config)], env=env)
     assert result.exit_code == 2, result.output
     assert "Invalid value for '--port'" in result.output
+    assert not (tmp_path / "relay.db").exists()
+
+
+def test_the_admin_port_must_differ_from_the_public_one(tmp_path: Path) -> None:
+    port = free_port()
+    result = serve_once(tmp_path, "--port", str(port), RELAY_ADMIN_PORT=str(port))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"Error: admin_port {port} is also the public port (--port): the admin listener needs "
+        "a port of its own\n"
+    )
     assert not (tmp_path / "relay.db").exists()
 
 
