@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,6 +21,7 @@ from receivers.kinds import kinds_by_path
 from receivers.metrics import Metrics, ReceiverCounters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem, not_found
+from receivers.readiness import DatabasePing
 from receivers.routing import ReceiverApp
 from receivers.store.records import AfterCommit, utc_now
 from receivers.store.writer import EventWriter
@@ -87,13 +86,14 @@ def create_app(
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    ping = DatabasePing(engine, READY_TIMEOUT_SECONDS)
+
     async def readyz(request: Request) -> Response:
         if not writer.available:
             return _not_ready("The event writer is not running.")
         try:
-            await asyncio.wait_for(_ping(engine), READY_TIMEOUT_SECONDS)
-        except Exception as exc:
-            log.warning("readiness check failed: %s", type(exc).__name__)
+            await ping()
+        except Exception:  # logged by the ping, once per change
             return _not_ready("The database is not reachable.")
         return JSONResponse({"status": "ready"})
 
@@ -132,11 +132,6 @@ def _not_ready(detail: str) -> Response:
     return Problem(
         503, "store-unavailable", "Service Unavailable", detail, headers={"Retry-After": "5"}
     ).response()
-
-
-async def _ping(engine: AsyncEngine) -> None:
-    async with engine.connect() as conn:
-        await conn.execute(text("SELECT 1"))
 
 
 async def _http_problem(request: Request, exc: Exception) -> Response:
