@@ -40,8 +40,6 @@ LAG_BUCKETS = (
 )
 STORE_READ_TIMEOUT_SECONDS = 2.0
 """How long a read of the store's figures may take before it counts as failed."""
-STORE_READ_INTERVAL = timedelta(seconds=5)
-"""The default of ``metrics_refresh_interval``: the store's figures are read at most this often."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ class StoreFigures:
         destinations: Iterable[str],
         clock: Callable[[], datetime],
         *,
-        interval: timedelta = STORE_READ_INTERVAL,
+        interval: timedelta,
         timeout: float = STORE_READ_TIMEOUT_SECONDS,
     ) -> None:
         self._engine = engine

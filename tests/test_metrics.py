@@ -148,7 +148,9 @@ async def test_store_gauges_follow_failures_pauses_410_and_dead_deliveries(
     )
     workers.append(worker)
     registry = CollectorRegistry()
-    figures = StoreFigures(registry, engine, ["crm", "gone", "once", "idle"], clock)
+    figures = StoreFigures(
+        registry, engine, ["crm", "gone", "once", "idle"], clock, interval=timedelta(seconds=5)
+    )
 
     def gauge(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
@@ -192,7 +194,7 @@ async def test_store_gauges_follow_failures_pauses_410_and_dead_deliveries(
 async def test_a_store_that_does_not_answer_leaves_its_gauges_out(tmp_path: Path) -> None:
     engine = create_engine(f"sqlite:///{tmp_path / 'never-migrated.db'}")  # no tables
     registry = CollectorRegistry()
-    figures = StoreFigures(registry, engine, ["crm"], utc_now)
+    figures = StoreFigures(registry, engine, ["crm"], utc_now, interval=timedelta(seconds=5))
     try:
         await figures.read()
     finally:
