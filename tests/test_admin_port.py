@@ -40,6 +40,7 @@ ADMIN_ONLY = [
     "/console/login",
     "/console/events",
     "/console/static/console.css",
+    "/console%2Flogin",
 ]
 NOWHERE = [
     "/",
