@@ -3,6 +3,7 @@ library's global ``REGISTRY``, and the receivers' counters in it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter
@@ -16,11 +17,24 @@ class Metrics:
     """The figures one process serves: its registry, and what to refresh before a scrape.
 
     Built by the wiring and passed down (to the app, the worker), so that everything one process
-    records lands in the registry its ``/metrics`` serves."""
+    records lands in the registry its ``/metrics`` serves. With ``max_age``, an exposition
+    encoded less than that many seconds ago (``clock``) is served again, in the same format:
+    encoding the registry is a scrape's main cost, so scrapes then cost the same however many
+    scrapers there are."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_age: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._refreshes: list[Refresh] = []
+        self._max_age = max_age
+        self._clock = clock
+        self._encoded: dict[str, tuple[float, bytes]] = {}
+        """By content type (two at most): when it was encoded, and the exposition."""
 
     def before_scrape(self, refresh: Refresh) -> None:
         """Await ``refresh`` before each scrape (it handles its own errors and time limit)."""
@@ -32,7 +46,14 @@ class Metrics:
         for refresh in self._refreshes:
             await refresh()
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        now = self._clock()
+        encoded = self._encoded.get(content_type)
+        if encoded is not None and 0 <= now - encoded[0] < self._max_age:
+            return encoded[1], content_type
+        body = encoder(self.registry)
+        if self._max_age > 0:
+            self._encoded[content_type] = (now, body)
+        return body, content_type
 
 
 class ReceiverCounters:

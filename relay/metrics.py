@@ -40,6 +40,9 @@ LAG_BUCKETS = (
 )
 STORE_READ_TIMEOUT_SECONDS = 2.0
 """How long a read of the store's figures may take before it counts as failed."""
+EXPOSITION_MAX_AGE_SECONDS = 1.0
+"""`relay serve`'s ``/metrics`` encodes its figures at most this often (per format), shared by
+every scraper (see :class:`receivers.metrics.Metrics`)."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,12 @@ from relay.destinations.errors import (
     without_credentials,
 )
 from relay.jobs import JobQueue, open_pool
-from relay.metrics import StoreFigures, WorkerMetrics, metrics_server
+from relay.metrics import (
+    EXPOSITION_MAX_AGE_SECONDS,
+    StoreFigures,
+    WorkerMetrics,
+    metrics_server,
+)
 from relay.outbox import Due
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
@@ -56,7 +61,7 @@ class Runtime:
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
         """The ASGI app to serve: receivers whose commits are routed and relayed."""
         hook = RoutingHook(self.engine, router_for(self.settings), clock)
-        metrics = Metrics()
+        metrics = Metrics(max_age=EXPOSITION_MAX_AGE_SECONDS)
         store_figures = StoreFigures(
             metrics.registry,
             self.engine,

@@ -119,9 +119,13 @@ def test_the_public_port_takes_callbacks_and_answers_health_checks(server: Serve
         assert client.get("/healthz").json() == {"status": "ok"}
         assert client.get("/readyz").json() == {"status": "ready"}
         assert client.post("/healthz").status_code == 405  # the app's own answer
-    metrics = httpx.get(f"{server.admin}/metrics").text
     stored_labels = {"source": "default", "kind": "sms.inbound", "outcome": "stored"}
-    assert sample(metrics, "relay_callbacks_total", **stored_labels) == 1  # one process
+
+    def counted() -> bool:  # one process: the admin port serves the public port's counters
+        metrics = httpx.get(f"{server.admin}/metrics").text
+        return sample(metrics, "relay_callbacks_total", **stored_labels) == 1
+
+    blocking_eventually(counted)
 
 
 @pytest.mark.parametrize("path", ADMIN_ONLY + NOWHERE)

@@ -1,6 +1,7 @@
-"""The store's gauges on `/metrics` cost the same however many scrape: the database is read in
-the background at most once per ``metrics_refresh_interval``, only while someone scrapes, and
-every scrape is served the last figures read, with their age."""
+"""`/metrics` costs the same however many scrape: the store's gauges are read from the database
+in the background at most once per ``metrics_refresh_interval``, only while someone scrapes,
+and every scrape is served the last figures read, with their age; `relay serve` encodes the
+exposition at most once a second, shared by every scraper."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -249,6 +253,8 @@ async def test_relay_serve_reads_the_store_once_for_many_concurrent_scrapes(
 ) -> None:
     runtime = await start(Settings(database_url=database_url))
     app = runtime.app(clock=Clock(utc_now()))
+    collections = Collections()
+    app.state.metrics.registry.register(collections)
     transport = httpx.ASGITransport(app=app)
     try:
         with store_reads(runtime.engine) as reads:
@@ -262,6 +268,7 @@ async def test_relay_serve_reads_the_store_once_for_many_concurrent_scrapes(
     assert {answer.status_code for answer in answers} == {200}
     assert len(reads) == 1
     assert {sample(answer.text, AGE) for answer in answers} == {0}
+    assert collections.count == 1  # encoded once for them all
 
 
 @pytest.mark.parametrize(
@@ -285,3 +292,72 @@ def test_the_refresh_interval_from_the_environment(
     assert "1" * 100 not in str(refused.value)
     monkeypatch.delenv("RELAY_METRICS_REFRESH_INTERVAL")
     assert load_settings(None).metrics_refresh_interval == timedelta(seconds=5)
+
+
+class Collections(Collector):
+    """Counts how often the registry it is in was collected (encoded)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def collect(self) -> Iterator[Metric]:
+        self.count += 1
+        yield GaugeMetricFamily("relay_example_collections", "Collections.", value=self.count)
+
+
+class Ticks:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+async def test_scrapes_within_max_age_share_one_encoding_per_format() -> None:
+    ticks = Ticks()
+    metrics = Metrics(max_age=1.0, clock=ticks)
+    collections = Collections()
+    metrics.registry.register(collections)
+    counter = Counter("relay_example_total", "An example.", registry=metrics.registry)
+
+    texts = await asyncio.gather(*(metrics.exposition() for _ in range(SCRAPERS)))
+    openmetrics = await asyncio.gather(*(metrics.exposition(OPENMETRICS) for _ in range(SCRAPERS)))
+    assert collections.count == 2  # once per format
+    assert len({body for body, _ in texts}) == 1 and len({body for body, _ in openmetrics}) == 1
+    assert {kind.split(";")[0] for _, kind in texts} == {"text/plain"}
+    assert {kind.split(";")[0] for _, kind in openmetrics} == {"application/openmetrics-text"}
+    assert texts[0][0] != openmetrics[0][0]
+
+    counter.inc()
+    ticks.now += 0.999
+    body, _ = await metrics.exposition()
+    assert sample(body.decode(), "relay_example_total") == 0  # the exposition of 0.999 s ago
+    ticks.now += 0.001
+    body, _ = await metrics.exposition()
+    assert sample(body.decode(), "relay_example_total") == 1
+    assert collections.count == 3
+
+
+async def test_without_max_age_each_scrape_encodes() -> None:
+    metrics = Metrics()
+    collections = Collections()
+    metrics.registry.register(collections)
+    for _ in range(3):
+        await metrics.exposition()
+    assert collections.count == 3
+
+
+async def test_a_clock_set_back_encodes_again() -> None:
+    ticks = Ticks()
+    metrics = Metrics(max_age=1.0, clock=ticks)
+    collections = Collections()
+    metrics.registry.register(collections)
+    await metrics.exposition()
+    ticks.now -= 10
+    await metrics.exposition()
+    assert collections.count == 2
