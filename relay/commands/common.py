@@ -12,6 +12,7 @@ import click
 
 from receivers.store import create_engine, sqlite_file
 from relay import outbox
+from relay.destinations.errors import without_credentials
 from relay.jobs import JobQueue, open_pool
 from relay.settings import Settings, SettingsError, config_path, load_settings
 
@@ -85,16 +86,25 @@ async def enqueue(settings: Settings, due: list[outbox.Due]) -> None:
     try:
         pool = await open_pool(settings.redis_url)
     except SettingsError as exc:
-        click.echo(
-            f"warning: {exc}; the workers' sweepers enqueue them when it is back "
-            f"(every {settings.sweep_interval.total_seconds():g} s)",
-            err=True,
-        )
+        _enqueue_later(settings, str(exc))
         return
+    queue = JobQueue(pool)
     try:
-        await JobQueue(pool).enqueue(due)
+        await queue.enqueue(due)
     finally:
+        await queue.connection.aclose()
         await pool.aclose()
+    if not queue.connection.connected:
+        where = without_credentials(settings.redis_url)
+        _enqueue_later(settings, f"Redis at {where} was lost: {queue.connection.reason}")
+
+
+def _enqueue_later(settings: Settings, why: str) -> None:
+    click.echo(
+        f"warning: {why}; the workers' sweepers enqueue them when it is back "
+        f"(every {settings.sweep_interval.total_seconds():g} s)",
+        err=True,
+    )
 
 
 def pickup_note(settings: Settings) -> str:
