@@ -17,12 +17,13 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.store import Coalescer
+from receivers.store import Coalescer, is_unavailable
 from relay import outbox
 from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
 from relay.destinations import Destination, Outbound, Outcome
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
 from relay.metrics import FAILED_ATTEMPT, GONE_ATTEMPT, SUCCEEDED_ATTEMPT, WorkerMetrics
+from relay.outage import Outage
 from relay.outbox import AttemptRecord, AttemptResult, Claim, Due
 from relay.policies import Policy, retry_after_bounded
 from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
@@ -122,7 +123,8 @@ class Deliverer:
     of its attempts waits at most half the lease margin for a slot, so no lease runs out before
     its attempt ends. The claims, records and releases of concurrent attempts share transactions
     (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics`` (a
-    private registry by default)."""
+    private registry by default); the database's outages are told to ``database`` (the
+    worker's; one of its own by default)."""
 
     def __init__(
         self,
@@ -135,6 +137,7 @@ class Deliverer:
         rng: random.Random | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         metrics: WorkerMetrics | None = None,
+        database: Outage | None = None,
     ) -> None:
         self._engine = engine
         self._targets = targets
@@ -150,6 +153,7 @@ class Deliverer:
         )
         figures = metrics if metrics is not None else WorkerMetrics()
         self._figures = {name: figures.destination(name) for name in targets}
+        self._database = database if database is not None else Outage("database")
 
     async def attempt(self, delivery_id: str) -> Due | None:
         """Attempt the delivery if it is due and free; returns its next job, if it needs one.
@@ -171,7 +175,10 @@ class Deliverer:
         """Attempt each delivery that is due and free (concurrently, within the worker's
         slots); returns the next jobs they need. They are claimed together, up front; an
         attempt that fails does not stop the others: the first such error is raised once all
-        have finished.
+        have finished. An attempt that the database's loss stopped (a connection terminated,
+        the server down) is not an error here: the outage is logged once (``database lost``,
+        then ``database back``) and its delivery waits in the database, due (or leased until
+        its lease ends), for the sweepers.
 
         A job must end within its lease (arq's job timeout), so an attempt that gets no slot
         within half the lease margin is not made here: its lease is given back and it comes
@@ -188,8 +195,12 @@ class Deliverer:
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         next_due = [due for r in results if isinstance(r, list) for due in r]
-        if errors:
-            raise _with_next(errors[0], next_due)
+        for error in errors:
+            if is_unavailable(error):
+                self._database.lost(error)
+        faults = [error for error in errors if not is_unavailable(error)]
+        if faults:
+            raise _with_next(faults[0], next_due)
         return next_due
 
     async def _attempt_by(self, claimed: Claim | BaseException, deadline: float) -> list[Due]:
@@ -232,6 +243,7 @@ class Deliverer:
                     await outbox.release_on(conn, releases)
                 claimed = await self._claim_on(conn, ids) if ids else []
                 claims = list(claimed)
+            self._database.back()
         except Exception as exc:
             if len(items) == 1 and not isinstance(exc, outbox.LeaseLost):
                 raise

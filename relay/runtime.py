@@ -29,7 +29,9 @@ from relay.console.access import ConsoleAccess, console_access, mount_console
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
 from relay.jobs import JobQueue, open_pool
 from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
+from relay.outage import Outage
 from relay.outbox import Due
+from relay.queue_connection import QUEUE_ERRORS, QueueConnection
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
 from relay.worker import EmbeddedWorker, build_worker
@@ -50,14 +52,19 @@ class Runtime:
 
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
         """The ASGI app to serve: receivers whose commits are routed and relayed."""
-        hook = RoutingHook(self.engine, router_for(self.settings), clock)
+        database = Outage("database")
+        hook = RoutingHook(self.engine, router_for(self.settings), clock, database)
         metrics = serve_metrics(self.engine, self.settings.destinations, clock)
 
         @contextlib.asynccontextmanager
         async def relay() -> AsyncIterator[None]:
             try:
                 async with relay_queue(
-                    self.settings, self.engine, clock, registry=metrics.registry
+                    self.settings,
+                    self.engine,
+                    clock,
+                    registry=metrics.registry,
+                    database=database,
                 ) as queue:
                     hook.queue = queue
                     yield
@@ -90,14 +97,19 @@ async def relay_queue(
     clock: Callable[[], datetime],
     *,
     registry: CollectorRegistry | None = None,
+    database: Outage | None = None,
 ) -> AsyncIterator[JobQueue]:
     """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
-    worker running in this event loop, recording in ``registry`` (the server's)."""
+    worker running in this event loop, recording in ``registry`` (the server's) and telling
+    the database's outages to ``database``. Its connection's state is ``relay_queue_connected``
+    in ``registry``; a lost Redis is waited out (:mod:`relay.queue_connection`)."""
     if settings.redis_url:
         pool = await open_pool(settings.redis_url)
+        connection = QueueConnection(pool, registry=registry)
         try:
-            yield JobQueue(pool, clock=clock)
+            yield JobQueue(pool, clock=clock, connection=connection)
         finally:
+            await connection.aclose()
             await pool.aclose()
         return
     pool = embedded_pool()
@@ -111,6 +123,7 @@ async def relay_queue(
         handle_signals=False,
         metrics=WorkerMetrics(registry),
         started=started,
+        database=database,
     )
     assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
@@ -119,7 +132,7 @@ async def relay_queue(
         if not started.done():
             task.result()  # the worker stopped before its destinations started: its error
         started.result()  # a destination that can never deliver stops the server's start
-        yield JobQueue(pool, on_enqueue=worker.wake, clock=clock)
+        yield JobQueue(pool, on_enqueue=worker.wake, clock=clock, connection=worker.connection)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)  # its error, if any, was raised
@@ -131,12 +144,19 @@ async def close_worker(worker: Worker) -> None:
     re-run later), wait for them, then run its shutdown (sweeper, connections).
 
     arq's own ``close()`` awaits the cancelled jobs without catching their cancellation, which
-    would raise and skip the shutdown hook; awaiting them here first avoids that."""
+    would raise and skip the shutdown hook; awaiting them here first avoids that. It also
+    deletes its health key in Redis before the shutdown hook: with the queue lost that raises,
+    so the hook and the closing of the pool are run here then."""
     for job in worker.tasks.values():
         job.cancel()
     await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
     worker.tasks.clear()  # awaited above; arq's close() would re-raise their cancellation
-    await worker.close()
+    try:
+        await worker.close()
+    except QUEUE_ERRORS:
+        if worker.on_shutdown is not None:
+            await worker.on_shutdown(worker.ctx)
+        await worker.pool.close(close_connection_pool=True)
 
 
 def embedded_pool() -> ArqRedis:

@@ -13,13 +13,16 @@ from arq.connections import ArqRedis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
+from receivers.store import is_unavailable
 from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import Destination, build_destination, new_http_client
 from relay.destinations.errors import DestinationRefused
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
+from relay.outage import Outage
 from relay.outbox import EventRef
+from relay.queue_connection import QueueConnection
 from relay.router import Router
 from relay.settings import Settings, SettingsError
 from relay.sweeper import Sweeper
@@ -36,18 +39,36 @@ class RoutingHook:
     """The receivers' after-commit hook: create the deliveries and enqueue their first jobs.
 
     If it fails (or the process dies first), the events stay unrouted in SQL and the sweeper
-    routes them: the hook is the fast path, never the only one."""
+    routes them: the hook is the fast path, never the only one. So an outage is no error here:
+    while the queue's Redis is lost the deliveries are only routed (the sweepers enqueue them
+    once it is back), and while the database is lost the events stay unrouted; each outage is
+    two lines in the log (its ``lost`` and ``back``), told to ``database`` (the process's; one of
+    its own by default) and to the queue's connection."""
 
-    def __init__(self, engine: AsyncEngine, router: Router, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        router: Router,
+        clock: Callable[[], datetime],
+        database: Outage | None = None,
+    ) -> None:
         self._engine = engine
         self._router = router
         self._clock = clock
+        self._database = database if database is not None else Outage("database")
         self.queue: JobQueue | None = None
         """Attached once the queue is connected (in the app's lifespan)."""
 
     async def __call__(self, events: Sequence[StoredEvent]) -> None:
         refs = [EventRef(e.id, e.source, e.kind, e.payload, e.received_at) for e in events]
-        due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        try:
+            due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self._database.lost(exc)
+            return
+        self._database.back()
         if self.queue is not None:
             await self.queue.enqueue(due)
 
@@ -108,16 +129,20 @@ def worker_services(
     clock: Callable[[], datetime],
     *,
     metrics: WorkerMetrics | None = None,
+    connection: QueueConnection | None = None,
+    database: Outage | None = None,
 ) -> WorkerServices:
     """Build the destinations and the deliverer of one worker; its deliverer and sweeper
-    record in ``metrics`` (a private registry by default)."""
+    record in ``metrics`` (a private registry by default), and tell the outages they meet to
+    ``connection`` (the queue's) and ``database`` (the process's; new ones by default)."""
     metrics = metrics if metrics is not None else WorkerMetrics()
+    database = database if database is not None else Outage("database")
     http_client = new_http_client(limits=HTTP_LIMITS)
     targets = {
         name: Target(build_destination(name, config, http_client=http_client), config.timeout)
         for name, config in settings.destinations.items()
     }
-    queue = JobQueue(pool, clock=clock)
+    queue = JobQueue(pool, clock=clock, connection=connection)
     deliverer = Deliverer(
         engine,
         targets,
@@ -126,6 +151,7 @@ def worker_services(
         lease=lease_for(settings),
         concurrency=settings.worker_concurrency,
         metrics=metrics,
+        database=database,
     )
     sweeper = Sweeper(
         engine,
@@ -134,5 +160,6 @@ def worker_services(
         clock=clock,
         interval=settings.sweep_interval,
         metrics=metrics,
+        database=database,
     )
     return WorkerServices(deliverer, queue, sweeper, http_client, targets)

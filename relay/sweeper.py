@@ -4,11 +4,16 @@ It routes events whose after-commit hook never ran (a killed process) and re-enq
 deliveries whose job is gone (Redis flushed); a delivery whose job is still queued or running
 is left alone, so a backlog costs one Redis round trip per page, not one enqueue per delivery.
 Both steps are idempotent, so several sweepers (one per worker) may run at once.
+
+It waits while the queue's Redis is lost and sweeps as soon as it is back: what Redis lost (a
+restart without persistence, jobs whose enqueue failed meanwhile) is re-enqueued then. A sweep
+that the database's loss fails is logged once per outage (:class:`~relay.outage.Outage`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,9 +21,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.store import is_unavailable
 from relay import outbox
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
+from relay.outage import Outage
+from relay.outbox import Due
+from relay.queue_connection import QueueUnavailable
 from relay.router import Router
 
 log = logging.getLogger(__name__)
@@ -37,8 +46,9 @@ class SweepReport:
 
 
 class Sweeper:
-    """Runs :meth:`sweep` at start-up and then every ``interval``; each run is counted in
-    ``metrics`` (a private registry by default)."""
+    """Runs :meth:`sweep` at start-up, then every ``interval`` and whenever the queue is back
+    after an outage; each run is counted in ``metrics`` (a private registry by default). The
+    database's outages are told to ``database`` (the worker's; one of its own by default)."""
 
     def __init__(
         self,
@@ -49,6 +59,7 @@ class Sweeper:
         clock: Callable[[], datetime],
         interval: timedelta,
         metrics: WorkerMetrics | None = None,
+        database: Outage | None = None,
     ) -> None:
         self._engine = engine
         self._router = router
@@ -57,6 +68,8 @@ class Sweeper:
         self._interval = interval
         self._scan_from: datetime | None = None  # None: scan every stored event (first sweep)
         self._metrics = metrics if metrics is not None else WorkerMetrics()
+        self._database = database if database is not None else Outage("database")
+        self._queue_back = asyncio.Event()
 
     async def sweep(self) -> SweepReport:
         """One pass: route what was not routed, then enqueue what is due and has no job.
@@ -81,12 +94,12 @@ class Sweeper:
                 self._scan_from = before - SCAN_OVERLAP  # everything older is routed
                 break
             due = await outbox.route_events(self._engine, self._router, events, now)
-            enqueued += await self._queue.enqueue(due)
+            enqueued += await self._enqueue(due)
             routed += len(events)
         now, last = self._clock(), None
         while True:
             due = await outbox.due_deliveries(self._engine, now, BATCH, after=last)
-            enqueued += await self._queue.enqueue(await self._queue.without_jobs(due))
+            enqueued += await self._enqueue(await self._queue.without_jobs(due))
             if len(due) < BATCH:
                 break
             last = due[-1]
@@ -94,13 +107,37 @@ class Sweeper:
             log.info("sweeper routed %d events and enqueued %d jobs", routed, enqueued)
         return SweepReport(routed, enqueued)
 
+    async def _enqueue(self, due: list[Due]) -> int:
+        """Enqueue; a queue lost meanwhile ends the sweep (the next one runs once it is back)."""
+        enqueued = await self._queue.enqueue(due)
+        if not self._queue.connection.connected:
+            raise QueueUnavailable(f"queue lost: {self._queue.connection.reason}")
+        return enqueued
+
     async def run(self) -> None:
-        """Sweep forever (cancel to stop); a failing sweep is logged and retried next time."""
+        """Sweep forever (cancel to stop): at once, then every ``interval``, and at once when
+        the queue is back after an outage (it waits meanwhile). A sweep that fails is tried
+        again at the next of those: the database's outages are logged once each
+        (``database lost`` / ``database back``), another error with its traceback."""
+        connection = self._queue.connection
+        connection.on_back(self._queue_back.set)
         while True:
+            await connection.until_connected()
+            self._queue_back.clear()
             try:
                 await self.sweep()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("sweep failed; retrying in %s", self._interval)
-            await asyncio.sleep(self._interval.total_seconds())
+            except QueueUnavailable:
+                pass  # the queue's connection said so: the sweep is run again once it is back
+            except Exception as exc:
+                if is_unavailable(exc):
+                    self._database.lost(exc)
+                else:
+                    log.exception("sweep failed; retrying in %s", self._interval)
+            else:
+                self._database.back()
+            if not connection.connected:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._queue_back.wait(), self._interval.total_seconds())

@@ -5,7 +5,7 @@ The receivers write events through :class:`~receivers.store.writer.EventWriter`;
 ``relay/migrations/``) uses only the names below."""
 
 from receivers.ids import new_id
-from receivers.store.batches import insert_rows, insert_rows_async
+from receivers.store.batches import insert_rows, insert_rows_async, is_unavailable
 from receivers.store.coalescer import Coalescer
 from receivers.store.engine import create_engine, sqlite_file
 from receivers.store.records import Clock, StoredEvent, utc_now
@@ -21,6 +21,7 @@ __all__ = [
     "create_engine",
     "insert_rows",
     "insert_rows_async",
+    "is_unavailable",
     "new_id",
     "sqlite_file",
     "utc_now",
