@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -218,38 +218,45 @@ async def redis() -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-def _start_private_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``redis-server`` on a free loopback port, answering PING; a few ports are tried (another
-    process may take the probed one before the server binds it)."""
+NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
+
+
+def _start_private_redis(
+    binary: str,
+    workdir: Path,
+    *,
+    port: int | None = None,
+    options: Sequence[str] = NO_PERSISTENCE,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``redis-server`` on a free loopback port (or on ``port``), with ``options``, answering
+    PING; a few free ports are tried (another process may take the probed one before the server
+    binds it)."""
     problems = []
-    for attempt in range(3):
-        port = free_port()
-        log = workdir / f"redis-{port}.log"
-        with log.open("wb") as out:
+    for attempt in range(3 if port is None else 1):
+        chosen = port if port is not None else free_port()
+        log = workdir / f"redis-{chosen}.log"
+        with log.open("ab") as out:
             process = subprocess.Popen(
                 [
                     binary,
                     "--port",
-                    str(port),
+                    str(chosen),
                     "--bind",
                     "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
+                    *options,
                     "--dir",
                     str(workdir),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        client = redis_sync.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+        client = redis_sync.Redis(host="127.0.0.1", port=chosen, socket_connect_timeout=0.5)
         deadline = time.monotonic() + PRIVATE_REDIS_START_TIMEOUT_S
         try:
             while process.poll() is None and time.monotonic() < deadline:
                 try:
                     if client.ping():
-                        return process, f"redis://127.0.0.1:{port}/0"
+                        return process, f"redis://127.0.0.1:{chosen}/0"
                 except (RedisError, OSError):
                     time.sleep(0.05)
         finally:
@@ -257,7 +264,7 @@ def _start_private_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[b
         state = "exited" if process.poll() is not None else "no PING answer"
         stop_process(process)
         tail = log.read_text(errors="replace")[-1000:]
-        problems.append(f"attempt {attempt + 1}, port {port}: {state}\n{tail}")
+        problems.append(f"attempt {attempt + 1}, port {chosen}: {state}\n{tail}")
     raise RuntimeError(
         f"redis-server did not answer PING within {PRIVATE_REDIS_START_TIMEOUT_S} s:\n"
         + "\n".join(problems)

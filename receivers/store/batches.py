@@ -300,6 +300,14 @@ def _values(
     return flat
 
 
+UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+"""PostgreSQL's classes of errors that say the server cannot serve now: connection exceptions,
+insufficient resources (too many connections, disk full) and operator intervention (a shutdown,
+or "the database system is starting up" during a restart)."""
+QUERY_CANCELED = "57014"
+"""In class 57, but a statement's own time-out or cancellation, not the server's state."""
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database cannot be reached (rather than that a row is at fault)."""
     if isinstance(
@@ -312,7 +320,15 @@ def is_unavailable(exc: BaseException) -> bool:
         | TimeoutError,
     ):
         return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+    if not isinstance(exc, DBAPIError):
+        return False
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    refused_now = (
+        isinstance(sqlstate, str)
+        and sqlstate[:2] in UNAVAILABLE_SQLSTATE_CLASSES
+        and sqlstate != QUERY_CANCELED
+    )
+    return exc.connection_invalidated or refused_now
 
 
 def _count_copies(conn: Connection, events: list[Row]) -> dict[Identity, str]:
