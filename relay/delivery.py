@@ -230,31 +230,34 @@ class Deliverer:
         that finished (they free leases, update destinations' health and let the next of a
         per-key line go), the releases, then the claims of those about to start. Should it
         fail, each record is retried in a transaction of its own (one bad record cannot fail
-        the others), then the rest."""
+        the others), then the rest; but should the database have been lost (a connection
+        terminated or reset), the whole group is tried once more, on a new connection, and
+        if that fails too every item gets its error (one by one, each would wait for a new
+        connection in turn, beyond the leases: what they asked waits in the database)."""
         records = [item for item in items if isinstance(item, AttemptRecord)]
         releases = [item.claimed for item in items if isinstance(item, Release)]
         ids = [item for item in items if isinstance(item, str)]
         recorded: list[Recorded | BaseException]
         claims: list[Claim | BaseException | None]
         try:
-            async with self._engine.begin() as conn:
-                recorded = list(await self._record_on(conn, records)) if records else []
-                if releases:
-                    await outbox.release_on(conn, releases)
-                claimed = await self._claim_on(conn, ids) if ids else []
-                claims = list(claimed)
-            self._database.back()
+            recorded, claims = await self._group_transaction(records, releases, ids)
         except Exception as exc:
-            if len(items) == 1 and not isinstance(exc, outbox.LeaseLost):
+            if is_unavailable(exc):
+                try:
+                    recorded, claims = await self._group_transaction(records, releases, ids)
+                except Exception as again:
+                    recorded, claims = [again] * len(records), [again] * len(ids)
+            elif len(items) == 1 and not isinstance(exc, outbox.LeaseLost):
                 raise
-            recorded = [await self._record_alone(record) for record in records]
-            try:
-                async with self._engine.begin() as conn:
-                    if releases:
-                        await outbox.release_on(conn, releases)
-                    claims = list(await self._claim_on(conn, ids)) if ids else []
-            except Exception as claim_error:
-                claims = [claim_error] * len(ids)
+            else:
+                recorded = [await self._record_alone(record) for record in records]
+                try:
+                    async with self._engine.begin() as conn:
+                        if releases:
+                            await outbox.release_on(conn, releases)
+                        claims = list(await self._claim_on(conn, ids)) if ids else []
+                except Exception as claim_error:
+                    claims = [claim_error] * len(ids)
         by_record, by_claim = iter(recorded), iter(claims)
         answers: list[Claim | Recorded | BaseException | None] = []
         for item in items:
@@ -265,6 +268,17 @@ class Deliverer:
             else:
                 answers.append(next(by_claim))
         return answers
+
+    async def _group_transaction(
+        self, records: list[AttemptRecord], releases: list[Claim], ids: list[str]
+    ) -> tuple[list[Recorded | BaseException], list[Claim | BaseException | None]]:
+        async with self._engine.begin() as conn:
+            recorded = list(await self._record_on(conn, records)) if records else []
+            if releases:
+                await outbox.release_on(conn, releases)
+            claims = list(await self._claim_on(conn, ids)) if ids else []
+        self._database.back()
+        return list(recorded), list(claims)
 
     async def _claim_on(self, conn: AsyncConnection, delivery_ids: list[str]) -> list[Claim | None]:
         claims = await outbox.claim_on(conn, delivery_ids, self._clock(), self._lease)

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import signal
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import _start_private_redis, service_missing
+from tests.conftest import _start_private_redis
 from tests.support import free_port, stop_process
 
 APPEND_ONLY = ("--save", "", "--appendonly", "yes", "--appendfsync", "everysec")
@@ -46,25 +43,11 @@ class RestartableRedis:
         stop_process(self.process)
 
 
-@pytest.fixture
-def restartable_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartableRedis]:
-    """A private Redis the test stops and starts again (missing ``redis-server``: fails under
-    CI=true, skipped otherwise)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        service_missing("redis-server (for a private Redis)", FileNotFoundError("redis-server"))
-    assert binary is not None
-    redis = RestartableRedis(binary, tmp_path_factory.mktemp("redis"))
-    try:
-        yield redis
-    finally:
-        redis.close()
-
-
 class Gate:
     """A TCP proxy from a port of 127.0.0.1 to ``target_port``: :meth:`close` cuts every
     connection through it (a reset) and refuses new ones, :meth:`open` lets them through
-    again, on the same port. What the clients see of a server that is lost and back."""
+    again, on the same port. What the clients see of a server that is lost and back; and
+    :meth:`cut` alone, of their connections terminated."""
 
     def __init__(self, target_port: int) -> None:
         self.port = free_port()
@@ -76,12 +59,18 @@ class Gate:
     async def open(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
+    def cut(self) -> None:
+        """Reset every connection through the gate, and let new ones through: what its
+        clients see of their connections terminated by the server (callable from sync code,
+        such as a SQLAlchemy event)."""
+        for writer in list(self._clients):
+            writer.transport.abort()
+
     async def close(self) -> None:
         server, self._server = self._server, None
         if server is not None:
             server.close()
-        for writer in list(self._clients):
-            writer.transport.abort()
+        self.cut()
         for pipe in list(self._pipes):
             pipe.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)

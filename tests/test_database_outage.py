@@ -14,10 +14,11 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from arq.connections import ArqRedis
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -34,7 +35,7 @@ from relay.runtime import embedded_pool
 from relay.services import RoutingHook
 from relay.simulator import factories
 from relay.sweeper import Sweeper
-from relay.tables import Delivery
+from relay.tables import SUCCEEDED, Delivery
 from tests.conftest import TABLES
 from tests.outage_support import Gate, gate_to, postgres_refusing_logins
 from tests.relay_support import Clock, store_events
@@ -196,6 +197,49 @@ async def test_attempts_the_database_outage_stops_wait_for_it_without_an_error(
         await client.aclose()
     assert len(sink.requests) == 2
     assert database_lines(caplog) == ["database lost", "database back"]
+    assert tracebacks(caplog) == []
+
+
+async def test_an_attempt_whose_record_loses_its_connection_is_recorded_on_a_new_one(
+    gated: Gated, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The connection is reset while the attempt's record is written (PostgreSQL terminating
+    its backends): the record is written again at once on a new connection, so the delivery
+    is not left leased, to be sent again once its lease ends."""
+    caplog.set_level(logging.INFO)
+    clock = Clock()
+    await store_events(gated.direct, [(HOOK_PATH, factories.sms_inbound())], clock)
+    events = await outbox.unrouted_events(gated.direct, clock() + timedelta(minutes=1), 10)
+    [due] = await outbox.route_events(gated.direct, crm_router(sink.url()), events, clock())
+    config = parse_destination_config({"type": "http", "url": sink.url()})
+    client = new_http_client()
+    deliverer = Deliverer(
+        gated.engine,
+        {"crm": Target(build_destination("crm", config, http_client=client), config.timeout)},
+        resolve_policies({}),
+        clock=clock,
+        lease=timedelta(minutes=1),
+    )
+
+    def cut_during_the_record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("INSERT INTO delivery_attempts") and not cuts:
+            cuts.append(statement)
+            gated.gate.cut()
+
+    cuts: list[str] = []
+    event.listen(gated.engine.sync_engine, "before_cursor_execute", cut_during_the_record)
+    try:
+        assert await deliverer.attempt_many([due.id]) == []
+    finally:
+        event.remove(gated.engine.sync_engine, "before_cursor_execute", cut_during_the_record)
+        await client.aclose()
+    assert len(cuts) == 1
+    async with gated.direct.connect() as conn:
+        status = (
+            await conn.execute(select(DELIVERIES.c.status).where(DELIVERIES.c.id == due.id))
+        ).scalar()
+    assert status == SUCCEEDED
+    assert len(sink.requests) == 1
     assert tracebacks(caplog) == []
 
 
