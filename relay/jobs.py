@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from receivers.store import utc_now
 from relay.destinations.errors import describe_error, without_credentials
 from relay.outbox import Due
-from relay.queue_connection import QUEUE_ERRORS, QueueConnection, QueueUnavailable
+from relay.queue_connection import QueueConnection, QueueUnavailable, queue_lost
 from relay.settings import SettingsError
 
 QUEUE_NAME = "relay:queue"
@@ -104,7 +104,7 @@ class JobQueue:
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         for error in errors:
-            if not isinstance(error, QUEUE_ERRORS):
+            if not queue_lost(error):
                 raise error
         if errors:
             self.connection.lost(errors[0])
@@ -143,7 +143,9 @@ class JobQueue:
                 for job_id in job_ids:
                     pipe.zscore(QUEUE_NAME, job_id)
                 return list(await pipe.execute())
-        except QUEUE_ERRORS as exc:
+        except Exception as exc:
+            if not queue_lost(exc):
+                raise
             self.connection.lost(exc)
             raise QueueUnavailable(f"queue lost: {self.connection.reason}") from None
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
 from relay.destinations.errors import describe_error
 from relay.metrics import queue_connected_gauge
@@ -40,7 +41,17 @@ QUEUE_ERRORS: tuple[type[BaseException], ...] = (
 """What a lost Redis raises: a refused, reset or closed connection (a restart, even of a
 second), a time-out, a server still loading its data after a restart (``BusyLoadingError``) or
 refusing the login (both are ``ConnectionError``). Other Redis errors (a command Redis refuses)
-are not an outage, and are not waited out."""
+are not an outage, and are not waited out. See :func:`queue_lost`."""
+
+
+def queue_lost(error: BaseException) -> bool:
+    """Whether ``error`` says that Redis is lost: one of :data:`QUEUE_ERRORS`, or the
+    ``WatchError`` redis-py raises while handling one when the connection of a transaction
+    that watches keys (arq's start of a job) is lost."""
+    if isinstance(error, QUEUE_ERRORS):
+        return True
+    return isinstance(error, WatchError) and isinstance(error.__context__, QUEUE_ERRORS)
+
 
 FIRST_PROBE_SECONDS = 0.1
 LONGEST_PROBE_WAIT_SECONDS = 2.0

@@ -31,7 +31,7 @@ from relay.jobs import JobQueue, open_pool
 from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
 from relay.outage import Outage
 from relay.outbox import Due
-from relay.queue_connection import QUEUE_ERRORS, QueueConnection
+from relay.queue_connection import QueueConnection, queue_lost
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
 from relay.worker import EmbeddedWorker, build_worker
@@ -153,7 +153,9 @@ async def close_worker(worker: Worker) -> None:
     worker.tasks.clear()  # awaited above; arq's close() would re-raise their cancellation
     try:
         await worker.close()
-    except QUEUE_ERRORS:
+    except Exception as exc:
+        if not queue_lost(exc):
+            raise
         if worker.on_shutdown is not None:
             await worker.on_shutdown(worker.ctx)
         await worker.pool.close(close_connection_pool=True)

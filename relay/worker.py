@@ -30,7 +30,7 @@ from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
 from relay.metrics import WorkerMetrics
 from relay.outage import Outage
 from relay.outbox import Due
-from relay.queue_connection import QUEUE_ERRORS, QueueConnection
+from relay.queue_connection import QueueConnection, queue_lost
 from relay.services import WorkerServices, lease_for, worker_services
 from relay.settings import Settings, SettingsError
 
@@ -188,7 +188,9 @@ class RelayWorker(Worker):
             try:
                 await self.poll()
                 wait = await self.until_next_poll()  # first: a cancellation during the wait
-            except QUEUE_ERRORS as exc:  # leaves no un-awaited coroutine behind
+            except Exception as exc:  # leaves no un-awaited coroutine behind
+                if not queue_lost(exc):
+                    raise
                 self.connection.lost(exc)
                 continue
             await self.pause(wait)
@@ -197,10 +199,13 @@ class RelayWorker(Worker):
         """Say which Redis this is, then run the start-up hook."""
         try:
             await self.announce()
-        except QUEUE_ERRORS as exc:
-            self.connection.lost(exc)
-        except RedisError as exc:  # INFO refused (a user's ACL, fakeredis): nothing to say
-            log.debug("Redis refused INFO: %s", describe_error(exc))
+        except Exception as exc:
+            if queue_lost(exc):
+                self.connection.lost(exc)
+            elif isinstance(exc, RedisError):  # INFO refused (a user's ACL, fakeredis)
+                log.debug("Redis refused INFO: %s", describe_error(exc))
+            else:
+                raise
         self.ctx["redis"] = self.pool
         if self.on_startup:
             await self.on_startup(self.ctx)
@@ -244,10 +249,11 @@ class RelayWorker(Worker):
                 continue
             try:
                 await super().start_jobs([job_id])
-            except QUEUE_ERRORS:
-                self.job_counter -= 1
-                self.sem.release()
-                self._stranded.add(job_id.decode())
+            except Exception as exc:
+                if queue_lost(exc):
+                    self.job_counter -= 1
+                    self.sem.release()
+                    self._stranded.add(job_id.decode())
                 raise
 
     async def run_job(self, job_id: str, score: int) -> None:
@@ -257,9 +263,34 @@ class RelayWorker(Worker):
         Redis, so :meth:`release_stranded` deletes it once the queue is back."""
         try:
             await super().run_job(job_id, score)
-        except QUEUE_ERRORS as exc:
-            self.connection.lost(exc)
-            self._stranded.add(job_id)
+        except Exception as exc:
+            if not queue_lost(exc):
+                raise
+            self._strand(job_id, exc)
+
+    async def finish_job(self, job_id: str, *args: Any, **kwargs: Any) -> None:
+        """arq's, made as quiet as :meth:`run_job` about a lost queue: arq runs it shielded
+        from the job's cancellation (a worker stopping), so an error it raised after that
+        would be logged by asyncio as never retrieved, with its traceback."""
+        try:
+            await super().finish_job(job_id, *args, **kwargs)
+        except Exception as exc:
+            if not queue_lost(exc):
+                raise
+            self._strand(job_id, exc)
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        """arq's, as quiet as :meth:`finish_job` (shielded alike)."""
+        try:
+            await super().finish_failed_job(job_id, result_data)
+        except Exception as exc:
+            if not queue_lost(exc):
+                raise
+            self._strand(job_id, exc)
+
+    def _strand(self, job_id: str, error: BaseException) -> None:
+        self.connection.lost(error)
+        self._stranded.add(job_id)
 
     async def release_stranded(self) -> None:
         """Let the stranded jobs that are still queued run again at once: arq keeps a started

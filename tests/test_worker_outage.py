@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -287,3 +288,96 @@ async def test_the_sweeper_waits_out_a_queue_lost_mid_sweep_then_sweeps_at_once(
 
 async def _queued(redis: FakeRedis, count: int) -> bool:
     return await redis.pool.zcard(QUEUE_NAME) == count
+
+
+class LosesRedisWhileWatching(ArqRedis):
+    """A pool whose transactions that watch a key (arq's enqueue, and its start of a job)
+    lose Redis right after their WATCH once ``watches_left`` have gone by: redis-py then
+    raises a WatchError, not a ConnectionError."""
+
+    server: fakeredis.FakeServer
+    watches_left: int | None = None
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        watch = pipe.watch
+
+        async def watch_then_lose(*names: Any) -> Any:
+            answer = await watch(*names)
+            if self.watches_left == 0:
+                self.watches_left = None
+                self.server.connected = False
+            elif self.watches_left is not None:
+                self.watches_left -= 1
+            return answer
+
+        pipe.watch = watch_then_lose
+        return pipe
+
+
+@WORKERS
+async def test_a_queue_lost_while_a_start_watches_its_job_is_an_outage_too(
+    worker_class: type[RelayWorker], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    redis = FakeRedis()
+    pool = LosesRedisWhileWatching(
+        connection_pool=fakeredis.FakeAsyncRedis(server=redis.server).connection_pool
+    )
+    pool.server = redis.server
+    redis.pool = pool
+    ran: list[str] = []
+
+    async def job(ctx: dict[str, Any], name: str) -> None:
+        ran.append(name)
+
+    worker = new_worker(worker_class, redis, job)
+    try:
+        async with running(worker) as task:
+            pool.watches_left = 1  # the enqueue's; then the start's loses Redis
+            await enqueue(worker, "watched")
+            await eventually(lambda: not worker.connection.connected)
+            redis.up()
+            await eventually(lambda: ran == ["watched"])
+            assert not task.done()
+    finally:
+        await pool.aclose()
+    assert outage_lines(caplog) == ["queue lost", "queue back"]
+    assert tracebacks(caplog) == []
+
+
+@WORKERS
+async def test_a_worker_stopped_while_a_job_ends_during_an_outage_logs_no_traceback(
+    worker_class: type[RelayWorker], redis: FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopping cancels the running jobs, but arq records a job's end in Redis shielded from
+    that cancellation: an error there would be an exception nobody retrieves, which asyncio
+    logs with its traceback when the task is collected."""
+    caplog.set_level(logging.INFO)
+    recording, stopped, recorded = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def job(ctx: dict[str, Any], name: str) -> None:
+        redis.down()  # its end is recorded while Redis is lost
+
+    class RecordsAfterTheStop(worker_class):  # type: ignore[misc, valid-type]
+        async def finish_job(self, job_id: str, *args: Any, **kwargs: Any) -> None:
+            recording.set()
+            await stopped.wait()
+            try:
+                await super().finish_job(job_id, *args, **kwargs)
+            finally:
+                recorded.set()
+
+    worker = new_worker(RecordsAfterTheStop, redis, job)
+    task = asyncio.create_task(worker.async_run())
+    await enqueue(worker, "last")
+    await within(recording.wait())
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await within(task)
+    await within(close_worker(worker))  # cancels the job, whose end is still being recorded
+    stopped.set()
+    await within(recorded.wait())
+    await worker.connection.aclose()
+    gc.collect()  # a task that ended with an error nobody retrieved is reported now
+    assert tracebacks(caplog) == []
