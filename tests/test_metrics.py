@@ -285,6 +285,7 @@ async def test_relay_serve_records_receivers_and_embedded_worker_in_one_registry
     assert sample(text, "relay_deliveries_pending", **crm) == 0
     assert sample(text, "relay_destination_breaker_state", **crm) == 0
     assert (sample(text, "relay_sweeps_total", outcome="ok") or 0) >= 1
+    assert sample(text, "relay_queue_connected") == 1  # the embedded queue: never lost
     assert TOKEN not in text and "wrong-token-value" not in text
     assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
     assert openmetrics.text.endswith("# EOF\n")

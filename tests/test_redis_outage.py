@@ -44,6 +44,7 @@ from tests.conftest import (
     drop_postgres_database,
     service_missing,
 )
+from tests.metrics_support import sample
 from tests.outage_support import RestartableRedis
 from tests.relay_support import Clock, store_events
 from tests.store_support import eventually, within
@@ -95,6 +96,7 @@ class Deployment:
     serve: Process
     worker: Process
     url: str
+    worker_metrics_url: str
     acked: set[str] = field(default_factory=set)
     answers: list[int] = field(default_factory=list)
 
@@ -124,6 +126,13 @@ class Deployment:
             raise AssertionError(
                 f"{missing} acknowledged events not delivered\n{self.logs()}"
             ) from None
+
+    async def queue_connected(self) -> tuple[float | None, float | None]:
+        """``relay_queue_connected`` as `relay serve` and `relay worker` serve it."""
+        async with httpx.AsyncClient() as client:
+            serve = (await client.get(f"{self.url}/metrics")).text
+            worker = (await client.get(f"{self.worker_metrics_url}/metrics")).text
+        return sample(serve, "relay_queue_connected"), sample(worker, "relay_queue_connected")
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.text()[-6000:]}" for p in (self.serve, self.worker))
@@ -223,9 +232,17 @@ async def deployment(
     (tmp_path / "relay.toml").write_text(config_text(database_url, restartable_redis.url, sink))
     port = free_port()
     serve = await start("serve", tmp_path, "serve", "--port", str(port), "--no-access-log")
-    worker = await start("worker", tmp_path, "worker")
+    metrics_port = free_port()
+    worker = await start("worker", tmp_path, "worker", "--metrics-port", str(metrics_port))
     deployment = Deployment(
-        restartable_redis, sink, database, database_url, serve, worker, f"http://127.0.0.1:{port}"
+        restartable_redis,
+        sink,
+        database,
+        database_url,
+        serve,
+        worker,
+        f"http://127.0.0.1:{port}",
+        f"http://127.0.0.1:{metrics_port}",
     )
     try:
         await eventually(lambda: ready(deployment.url), timeout=START_SECONDS)
@@ -262,9 +279,12 @@ async def test_a_redis_restart_with_deliveries_in_flight_loses_nothing(
         await deployment.post(client, 20)  # accepted while Redis is away
         await until_logged(deployment.worker, "queue lost: ")
         await until_logged(deployment.serve, "queue lost: ")
+        assert await deployment.queue_connected() == (0, 0)
+        assert await ready(deployment.url)  # callbacks are still taken: ready
         deployment.redis.start()
         await until_logged(deployment.worker, "queue back after ")
         await until_logged(deployment.serve, "queue back after ")
+        assert await deployment.queue_connected() == (1, 1)
 
         await deployment.all_delivered()
     assert deployment.answers == [200] * 60
