@@ -163,10 +163,11 @@ class RelayWorker(Worker):
     errors end it at the next poll: one Redis restart, even of a second, stopped every worker
     while the deliveries waited in the database. Here a Redis error is reported to
     ``connection`` (:class:`~relay.queue_connection.QueueConnection`: one line when the queue
-    is lost, one when it is back) and the loop waits until Redis answers again. The loop uses
-    arq's public pieces only (``on_startup``, ``start_jobs``, ``run_job``, ``tasks``,
-    ``heart_beat``); arq's burst mode, job aborts and ``allow_pick_jobs`` are not used by the
-    relay and not run.
+    is lost, one when it is back) and the loop waits until Redis answers again. The loop and
+    the overrides below use arq's public pieces only (``on_startup``, ``start_jobs``,
+    ``run_job``, ``finish_job``, ``finish_failed_job``, ``heart_beat``, ``tasks``,
+    ``job_counter``, ``sem``); arq's burst mode, job aborts and ``allow_pick_jobs`` are not used
+    by the relay and not run.
 
     It also skips a cost that grows with the jobs it runs: arq keeps a running job in the
     queue's sorted set, so each poll reads the running jobs first and asks Redis about each of
@@ -187,8 +188,10 @@ class RelayWorker(Worker):
                 await self.connection.until_connected()
             try:
                 await self.poll()
-                wait = await self.until_next_poll()  # first: a cancellation during the wait
-            except Exception as exc:  # leaves no un-awaited coroutine behind
+                # asked before the wait begins: a cancellation during the wait then leaves no
+                # un-awaited coroutine behind
+                wait = await self.until_next_poll()
+            except Exception as exc:
                 if not queue_lost(exc):
                     raise
                 self.connection.lost(exc)
