@@ -310,16 +310,20 @@ async def test_an_idle_worker_rides_out_a_redis_restart(deployment: Deployment) 
     assert "Traceback" not in serve, serve
 
 
-async def test_sigterm_stops_a_worker_promptly_and_cleanly_while_redis_is_away(
+async def test_sigterm_stops_both_processes_promptly_and_cleanly_while_redis_is_away(
     deployment: Deployment,
 ) -> None:
     deployment.redis.stop(signal.SIGKILL)
+    async with httpx.AsyncClient() as client:
+        await deployment.post(client, 3)  # `relay serve` finds Redis gone too
     await until_logged(deployment.worker, "queue lost: ")
-    deployment.worker.process.terminate()
-    status = await within(deployment.worker.process.wait(), timeout=15)
-    output = deployment.worker.text()
-    assert status == 0, output
-    assert "Traceback" not in output, output
+    await until_logged(deployment.serve, "queue lost: ")
+    for process in (deployment.worker, deployment.serve):
+        process.process.terminate()
+        await within(process.process.wait(), timeout=15)
+        assert "Traceback" not in process.text(), process.text()
+    assert deployment.worker.process.returncode == 0, deployment.worker.text()
+    assert deployment.answers == [200] * 3
     deployment.redis.start()
 
 
