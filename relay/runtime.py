@@ -19,13 +19,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
-from receivers import DEFAULT_SOURCE, create_app
+from receivers import create_app
 from receivers.config import ReceiverConfig
 from receivers.store import create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
 from relay import migrate
-from relay.bootstrap import generated_token, token_source
 from relay.console.access import ConsoleAccess, console_access, mount_console
+from relay.default_source import GeneratedToken, served_sources
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
 from relay.jobs import JobQueue, open_pool
 from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
@@ -42,7 +42,8 @@ class Runtime:
     settings: Settings
     engine: AsyncEngine
     receiver_config: ReceiverConfig
-    generated_token: str | None
+    generated: GeneratedToken | None
+    """The default source's generated token, when the database keeps one."""
     console: ConsoleAccess | None = None
     refused: SettingsError | None = None
     """Why the app's start failed, when a destination can never deliver (`relay serve` reports
@@ -79,7 +80,15 @@ class Runtime:
                 if hook.queue is not None:
                     await hook.queue.enqueue(due)
 
-            mount_console(app, self.console, self.settings, self.engine, enqueue, clock)
+            mount_console(
+                app,
+                self.console,
+                self.settings,
+                self.engine,
+                enqueue,
+                clock,
+                sources=list(self.receiver_config.sources),
+            )
         return app
 
 
@@ -221,13 +230,9 @@ async def start(settings: Settings) -> Runtime:
         await prepare_database(engine)
         if settings.redis_url:
             await (await open_pool(settings.redis_url)).aclose()
-        token = None
-        sources = dict(settings.sources)
-        if not sources:
-            token = await generated_token(engine)
-            sources = {DEFAULT_SOURCE: token_source(token)}
+        served = await served_sources(settings.sources, engine)
         config = ReceiverConfig(
-            sources=sources,
+            sources=served.sources,
             max_body_bytes=settings.max_body_bytes,
             trusted_proxies=tuple(settings.trusted_proxies),
             writer_process=settings.writer_process,
@@ -236,7 +241,7 @@ async def start(settings: Settings) -> Runtime:
     except BaseException:
         await engine.dispose()
         raise
-    return Runtime(settings, engine, config, token, console)
+    return Runtime(settings, engine, config, served.generated, console)
 
 
 async def run_worker(

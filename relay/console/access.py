@@ -10,7 +10,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from receivers.config import DEFAULT_SOURCE
 from relay.bootstrap import CONSOLE_PASSWORD_KEY, CONSOLE_SESSION_KEY, kept_secret
 from relay.console.app import console_app
 from relay.console.sessions import Sessions
@@ -49,13 +48,16 @@ def mount_console(
     engine: AsyncEngine,
     enqueue: Enqueue,
     clock: Callable[[], datetime],
+    *,
+    sources: list[str],
 ) -> None:
-    """Serve the console at ``/console`` in ``app``."""
+    """Serve the console at ``/console`` in ``app``; ``sources`` are the served sources (the
+    configured ones, and the default source while its generated token serves it)."""
     console = console_app(
         engine,
         Sessions(access.key, access.users, settings.console.session_lifetime),
         enqueue,
-        sources=list(settings.sources) or [DEFAULT_SOURCE],
+        sources=sources,
         destinations=list(settings.destinations),
         targets={name: f"{d.type}: {d.target()}" for name, d in settings.destinations.items()},
         clock=clock,
