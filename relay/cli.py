@@ -6,6 +6,7 @@ import click
 
 from relay.commands.outbox import deliveries, destinations
 from relay.commands.process import db, serve, worker
+from relay.commands.sources import sources
 from relay.commands.store import events, rejected
 from relay.simulator.cli import simulate
 
@@ -18,3 +19,4 @@ def main() -> None:
 
 for command in (serve, worker, db, events, rejected, deliveries, destinations, simulate):
     main.add_command(command)
+main.add_command(sources)
