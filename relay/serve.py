@@ -229,8 +229,9 @@ def print_generated_token(
     if generated.use is TokenUse.RETIRED:
         click.echo(
             "The default source's generated token is retired: [sources.default] is configured,\n"
-            "so its callbacks must pass the checks configured there and that token is no longer\n"
-            "accepted. `relay sources forget-default` deletes it from the database."
+            "and its callbacks must pass the checks configured there (the generated token counts\n"
+            "only if it is listed there). `relay sources forget-default` deletes it from the "
+            "database."
         )
         return
     if generated.use is TokenUse.ALONE:
@@ -239,11 +240,11 @@ def print_generated_token(
         click.echo("Give the platform these callback URLs (use your public https address):")
     else:
         click.echo(
-            f"Sources configured: {', '.join(configured)}; [sources.default] is not. The default\n"
-            "source is still served with the token generated at an earlier start (kept in the\n"
-            "database), because the platform may still call its URLs, and would lose its\n"
-            "callbacks to a 404. To retire it, configure [sources.default] or run\n"
-            "`relay sources forget-default`. Its callback URLs (use your public https address):"
+            f"Sources configured: {', '.join(configured)}; [sources.default] is not.\n"
+            "The default source is still served with the token generated at an earlier start "
+            "(kept in the\ndatabase), because the platform may still call its URLs and would "
+            "lose its callbacks to a 404.\nTo retire it, configure [sources.default] or run "
+            "`relay sources forget-default`.\nIts callback URLs (use your public https address):"
         )
     print_callback_urls(generated.token, host, port)
 

@@ -312,7 +312,9 @@ def test_a_configured_default_source_retires_the_generated_token(
         own = [str(httpx.URL(url).copy_merge_params({"token": OWN_TOKEN})) for url in urls]
         assert post_each(own, server.port) == dict.fromkeys(BODIES, 200)
 
-    assert "not accepted" in relay_command(workdir, environment, "sources", "list")
+    assert "generated token is kept in the database but retired" in relay_command(
+        workdir, environment, "sources", "list"
+    )
     forgot = relay_command(workdir, environment, "sources", "forget-default", "--yes")
     assert "nothing changes for callers" in forgot
 
@@ -538,3 +540,23 @@ def test_sources_list_names_every_check_and_never_a_secret(
         for secret in [*secrets["token"], secrets["basic"], secrets["header"], SIGNATURE_SECRET]:
             assert secret not in output and secret.split(":")[-1] not in output
     assert "/hooks/eu" in table.output and "forget-default" in table.output
+
+
+async def test_listing_the_generated_token_in_sources_default_moves_to_a_new_one_smoothly(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    kept = await generated_token(engine)
+    own = {"default": {"token": [kept, OWN_TOKEN]}}  # both, until the platform uses the new one
+    runtime = await start(Settings(database_url=database_url, sources=own))
+    try:
+        async with running_client(runtime.engine, dict(runtime.receiver_config.sources)) as client:
+            answers = [
+                (await client.post(f"/hooks/sms/inbound?token={token}", json=body)).status_code
+                for token, body in [
+                    (kept, factories.sms_inbound()),
+                    (OWN_TOKEN, factories.sms_inbound()),
+                ]
+            ]
+    finally:
+        await runtime.engine.dispose()
+    assert answers == [200, 200]

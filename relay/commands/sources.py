@@ -50,7 +50,7 @@ def sources_list(as_json: bool, config_file: str | None) -> None:
         click.echo(f"{row['name']:<16}  {row['prefix']:<24}  {'; '.join(row['checks'])}")
     if served.generated is not None and served.generated.use is TokenUse.RETIRED:
         click.echo(
-            "The default source's generated token is kept in the database but not accepted "
+            "The default source's generated token is kept in the database but retired "
             "([sources.default] is configured): `relay sources forget-default` deletes it."
         )
     elif served.generated is not None and served.generated.use is TokenUse.BESIDE_CONFIGURED:
@@ -136,7 +136,7 @@ def forgetting_outcome(settings: Settings) -> str:
     settings."""
     if DEFAULT_SOURCE in settings.sources:
         return (
-            "[sources.default] is configured, so that token is not accepted already: "
+            "[sources.default] is configured and decides what the default source accepts: "
             "nothing changes for callers."
         )
     if settings.sources:
