@@ -560,3 +560,42 @@ async def test_listing_the_generated_token_in_sources_default_moves_to_a_new_one
     finally:
         await runtime.engine.dispose()
     assert answers == [200, 200]
+
+
+LISTED_STATES = {
+    "nothing yet": ("", False, [], "no token is generated yet"),
+    "generated alone": ("", True, [("default", "alone")], "token (generated, kept"),
+    "beside chat": (
+        CHAT_ONLY,
+        True,
+        [("default", "beside-configured"), ("chat", None)],
+        "served with its generated token because [sources.default] is not configured",
+    ),
+    "retired": (
+        f'[sources.default]\ntoken = "{OWN_TOKEN}"\n',
+        True,
+        [("default", "retired")],
+        "kept in the database but retired",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("sources", "kept", "rows", "said"), LISTED_STATES.values(), ids=list(LISTED_STATES)
+)
+def test_sources_list_tells_each_state_of_the_generated_token(
+    tmp_path: Path,
+    own_database: str,
+    sources: str,
+    kept: bool,
+    rows: list[tuple[str, str | None]],
+    said: str,
+) -> None:
+    kept_in(own_database, generate=kept)
+    config = configured(tmp_path, own_database, sources)
+    listed = invoke("sources", "list", "--json", "--config", config)
+    table = invoke("sources", "list", "--config", config)
+    assert listed.exit_code == 0 and table.exit_code == 0, listed.output + table.output
+    assert [(row["name"], row["generated_token"]) for row in json.loads(listed.output)] == rows
+    assert said in table.output
+    assert (kept_in(own_database) is not None) is kept  # listing never generates a token
