@@ -63,5 +63,5 @@ async def forget_token(engine: AsyncEngine) -> bool:
 
 
 def token_source(token: str) -> SourceConfig:
-    """The default source when nothing is configured: the URL token only."""
+    """The default source served with the generated token: the URL token only."""
     return SourceConfig(token=token)

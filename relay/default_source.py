@@ -31,7 +31,8 @@ class TokenUse(enum.Enum):
     """Other sources are configured, ``[sources.default]`` is not: the default source is still
     served with it, since the platform may have been given its URLs."""
     RETIRED = "retired"
-    """``[sources.default]`` is configured: it is kept in the database but not accepted."""
+    """``[sources.default]`` is configured and alone decides what the default source accepts;
+    the token stays in the database until `relay sources forget-default`."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class GeneratedToken:
 
     @property
     def served(self) -> bool:
-        """Whether callbacks carrying it are accepted."""
+        """Whether it serves the default source."""
         return self.use is not TokenUse.RETIRED
 
 
@@ -54,11 +55,6 @@ class ServedSources:
 
     sources: dict[str, SourceConfig]
     generated: GeneratedToken | None
-
-    @property
-    def served_token(self) -> str | None:
-        """The generated token when callbacks carrying it are accepted."""
-        return self.generated.token if self.generated and self.generated.served else None
 
 
 async def served_sources(
