@@ -1,5 +1,5 @@
 """Values an installation generates for itself on first start and keeps in its database: the
-default source's token, the console's password and the key that signs its sessions."""
+default source's token, the console's password and the key that signs its cookies and tokens."""
 
 from __future__ import annotations
 
