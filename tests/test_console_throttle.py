@@ -389,3 +389,16 @@ async def test_bad_login_forms_are_a_400_and_count_nothing(
         assert answer.status_code == 400
         assert answer.headers["content-type"] == "application/problem+json"
     assert await keys(engine) == {}
+
+
+async def test_the_login_takes_get_and_post_only(engine: AsyncEngine, clock: Clock) -> None:
+    async with replica(engine, clock).browser(ATTACKER) as attacker:
+        for method in ("PUT", "DELETE", "PATCH"):
+            answer = await attacker.http.request(method, "/console/login")
+            assert answer.status_code == 405
+            assert set(answer.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
+        answer = await attacker.http.get(
+            "/console/login", params={"user": USER, "password": PASSWORD}
+        )
+        assert answer.status_code == 200
+        assert "relay_console" not in answer.cookies

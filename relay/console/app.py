@@ -120,7 +120,9 @@ def console_app(
 
         return endpoint
 
-    async def login_form(request: Request) -> Response:
+    async def login_page(request: Request) -> Response:
+        if request.method == "POST":
+            return await login(request)
         return _login_page(console, request, 200, "", request.query_params.get("next"))
 
     async def login(request: Request) -> Response:
@@ -183,8 +185,7 @@ def console_app(
 
     routes = [
         Route("/", page(pages.home), methods=["GET"]),
-        Route("/login", login_form, methods=["GET"]),
-        Route("/login", login, methods=["POST"]),
+        Route("/login", login_page, methods=["GET", "POST"]),  # one route: a 405 allows both
         Route("/logout", action(logout), methods=["POST"]),
         Route("/events", page(pages.events), methods=["GET"]),
         Route("/events/{event_id}", page(pages.event), methods=["GET"]),
