@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from relay.commands.console import console_commands
 from relay.commands.outbox import deliveries, destinations
 from relay.commands.process import db, serve, worker
 from relay.commands.sources import sources
@@ -17,6 +18,16 @@ def main() -> None:
     """callback-relay: receive the platform's callbacks, store them, relay them."""
 
 
-for command in (serve, worker, db, events, rejected, deliveries, destinations, simulate):
+for command in (
+    serve,
+    worker,
+    db,
+    events,
+    rejected,
+    deliveries,
+    destinations,
+    sources,
+    console_commands,
+    simulate,
+):
     main.add_command(command)
-main.add_command(sources)

@@ -7,15 +7,19 @@ balancer sending the browser anywhere, or for a cookie stolen from it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
+from relay.cli import main
 from relay.console.sessions import SESSION_COOKIE, SESSIONS
 from tests.console_support import (
     PASSWORD,
@@ -108,11 +112,15 @@ async def test_a_browser_may_use_any_replica_for_every_page_and_action(
         assert answer.status_code == 403
 
 
-@pytest.mark.parametrize("ending", ["logout", "password changed", "user removed", "expiry"])
+@pytest.mark.parametrize(
+    "ending", ["logout", "logout-all", "password changed", "user removed", "expiry"]
+)
 async def test_every_way_a_session_ends_ends_it_on_every_replica(
     engine: AsyncEngine,
     other_engine: AsyncEngine,
     clock: Clock,
+    database_url: str,
+    tmp_path: Path,
     ending: str,
 ) -> None:
     first = await start_replica(engine, clock, BOTH)
@@ -122,6 +130,11 @@ async def test_every_way_a_session_ends_ends_it_on_every_replica(
         assert await page_status(elsewhere, cookie) == 200
         if ending == "logout":
             await alice.act("/console/logout")
+        elif ending == "logout-all":
+            result = await relay(
+                "console", "logout-all", "--config", config_file(tmp_path, database_url)
+            )
+            assert result.output == "ended 1 console sessions\n"
         elif ending == "password changed":
             await start_replica(
                 other_engine, clock, {USER: "alice's new password", BOB: BOBS_PASSWORD}
@@ -260,3 +273,79 @@ async def test_a_session_remembers_when_it_was_last_seen_once_a_minute(
         clock.advance(timedelta(seconds=1))
         await alice.http.get("/console/events")
         assert await last_seen() == clock()
+
+
+# --- relay console logout-all --------------------------------------------------------------
+
+
+def config_file(tmp_path: Path, database_url: str) -> str:
+    path = tmp_path / "relay.toml"
+    path.write_text(f'database_url = "{database_url}"\n')
+    return str(path)
+
+
+async def relay(*args: str) -> Result:
+    """Run the `relay` command line (in a thread: it runs an event loop of its own)."""
+    return await asyncio.to_thread(CliRunner().invoke, main, list(args))
+
+
+async def test_logout_all_ends_the_sessions_on_every_replica_and_says_how_many(
+    engine: AsyncEngine,
+    other_engine: AsyncEngine,
+    clock: Clock,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    config = config_file(tmp_path, database_url)
+    first, second = replica(engine, clock, users=BOTH), replica(other_engine, clock, users=BOTH)
+    async with first.browser() as alice, second.browser() as bob, second.browser() as other:
+        alices = [await logged_in(alice), await logged_in(alice)]
+        bobs = await logged_in(bob, BOB, BOBS_PASSWORD)
+
+        result = await relay("console", "logout-all", "--user", USER, "--config", config)
+        assert result.exit_code == 0, result.output
+        assert result.output == f"ended 2 console sessions of {USER}\n"
+        for cookie in alices:
+            assert await page_status(other, cookie) == 303
+            assert await page_status(alice, cookie) == 303
+        assert await page_status(alice, bobs) == 200
+
+        result = await relay("console", "logout-all", "--config", config)
+        assert result.output == "ended 1 console sessions\n"
+        assert await page_status(other, bobs) == 303
+        result = await relay(
+            "console", "logout-all", "--user", BOB, "--user", USER, "--config", config
+        )
+        assert result.output == f"ended 0 console sessions of {USER}, {BOB}\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--user", ""],
+        ["--user", "x" * 65],
+        ["--user", "a b"],
+        ["--user", "al\udcffce"],
+        ["--user", "alice\n"],
+        ["--user"],
+        ["alice"],
+        ["--all"],
+    ],
+)
+async def test_logout_all_refuses_what_cannot_be_a_user(
+    engine: AsyncEngine, clock: Clock, database_url: str, tmp_path: Path, args: list[str]
+) -> None:
+    config = config_file(tmp_path, database_url)
+    async with replica(engine, clock).browser() as alice:
+        cookie = await logged_in(alice)
+        result = await relay("console", "logout-all", *args, "--config", config)
+        assert result.exit_code == 2
+        assert "Traceback" not in result.output
+        assert await page_status(alice, cookie) == 200
+
+
+def test_logout_all_without_a_database_says_so(tmp_path: Path) -> None:
+    config = config_file(tmp_path, f"sqlite:///{tmp_path / 'none.db'}")
+    result = CliRunner().invoke(main, ["console", "logout-all", "--config", config])
+    assert result.exit_code == 1
+    assert "there is no database at" in result.output
