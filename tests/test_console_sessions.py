@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
+from relay import migrate
 from relay.cli import main
 from relay.console.sessions import SESSION_COOKIE, SESSIONS
 from tests.console_support import (
@@ -30,6 +33,7 @@ from tests.console_support import (
     start_replica,
 )
 from tests.relay_support import Clock
+from tests.support import free_port
 
 BOB, BOBS_PASSWORD = "bob", "bob's own long password"
 BOTH = {USER: PASSWORD, BOB: BOBS_PASSWORD}
@@ -55,12 +59,15 @@ async def logged_in(client: ConsoleClient, user: str = USER, password: str = PAS
     return str(client.http.cookies[SESSION_COOKIE])
 
 
+async def page_of(client: ConsoleClient, cookie: str, accept: str = "*/*") -> httpx.Response:
+    """The events page for a request carrying only this session cookie."""
+    headers = {"cookie": f"{SESSION_COOKIE}={cookie}", "accept": accept}
+    return await client.http.get("/console/events", headers=headers)
+
+
 async def page_status(client: ConsoleClient, cookie: str) -> int:
     """The status of the events page for a request carrying only this session cookie."""
-    answer = await client.http.get(
-        "/console/events", headers={"cookie": f"{SESSION_COOKIE}={cookie}"}
-    )
-    return answer.status_code
+    return (await page_of(client, cookie)).status_code
 
 
 async def live_sessions(engine: AsyncEngine) -> int:
@@ -349,3 +356,49 @@ def test_logout_all_without_a_database_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["console", "logout-all", "--config", config])
     assert result.exit_code == 1
     assert "there is no database at" in result.output
+
+
+# --- an unreachable database -------------------------------------------------------------
+
+
+async def test_a_database_that_cannot_be_reached_is_a_503_then_the_console_recovers(
+    tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    later = tmp_path / "not-yet"  # SQLite cannot open a file in a folder that is missing
+    engine = create_engine(f"sqlite:///{later / 'relay.db'}")
+    try:
+        async with replica(engine, clock, ["sink"]).browser() as alice:
+            with caplog.at_level(logging.WARNING, logger="relay.console"):
+                assert (await alice.http.get("/console/login")).status_code == 200
+                answers = [
+                    await alice.login(),
+                    await page_of(alice, "A" * 43),
+                    await page_of(alice, "A" * 43, accept="text/html"),
+                ]
+                later.mkdir()
+                await migrate.upgrade(engine)
+                await logged_in(alice)
+                assert (await alice.http.get("/console/events")).status_code == 200
+    finally:
+        await engine.dispose()
+    assert [answer.status_code for answer in answers] == [503, 503, 503]
+    assert all(answer.headers["retry-after"] == "5" for answer in answers)
+    assert answers[1].headers["content-type"] == "application/problem+json"
+    assert "cannot be reached" in answers[2].text
+    assert [record.message for record in caplog.records] == [
+        "console: the database cannot be reached: OperationalError",
+        "console: the database can be reached again",
+    ]
+    assert "Traceback" not in caplog.text
+
+
+async def test_a_postgresql_that_does_not_answer_is_a_503(clock: Clock) -> None:
+    engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/relay")
+    try:
+        async with replica(engine, clock).browser() as alice:
+            answer = await page_of(alice, "A" * 43)
+            login = await alice.login()
+    finally:
+        await engine.dispose()
+    assert (answer.status_code, login.status_code) == (503, 503)
+    assert answer.json()["title"] == "Service Unavailable"

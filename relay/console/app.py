@@ -33,6 +33,7 @@ from relay.console.login_cookies import (
 from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
 from relay.console.throttle_rule import login_attempt
+from relay.console.unavailable import DatabaseDown
 from relay.console.users import Users
 from relay.console.web import (
     CONSOLE_PATH,
@@ -206,7 +207,11 @@ def console_app(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityHeaders), Middleware(SessionCheck, sessions=sessions)],
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(DatabaseDown, console=console),
+            Middleware(SessionCheck, sessions=sessions),
+        ],
         exception_handlers={HTTPException: http_error},
     )
     # a redirect to the slash-less URL would be built from the caller's Host header
