@@ -198,6 +198,17 @@ async def test_a_restart_with_the_same_passwords_keeps_every_session(
             assert await page_status(alice, cookie) == 200
 
 
+async def test_a_new_login_ends_the_session_its_browser_held(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    async with replica(engine, clock, users=BOTH).browser() as shared:
+        alices = await logged_in(shared)
+        bobs = await logged_in(shared, BOB, BOBS_PASSWORD)
+        assert await page_status(shared, alices) == 303
+        assert await page_status(shared, bobs) == 200
+        assert await live_sessions(engine) == 1
+
+
 async def test_the_csrf_token_belongs_to_its_session(engine: AsyncEngine, clock: Clock) -> None:
     console = replica(engine, clock, ["sink"])
     async with console.browser() as first, console.browser() as second:
@@ -253,11 +264,12 @@ async def test_hostile_session_cookies_are_no_session(
 
 async def test_sessions_expired_by_a_login_are_deleted(engine: AsyncEngine, clock: Clock) -> None:
     console = replica(engine, clock)
+    for _ in range(3):
+        async with console.browser() as browser:
+            await logged_in(browser)
+    assert await live_sessions(engine) == 3
+    clock.advance(SESSION_LIFETIME)
     async with console.browser() as alice:
-        for _ in range(3):
-            await logged_in(alice)
-        assert await live_sessions(engine) == 3
-        clock.advance(SESSION_LIFETIME)
         await logged_in(alice)
         async with engine.connect() as conn:
             kept = (await conn.execute(select(SESSIONS.c.created_at))).scalars().all()
@@ -305,8 +317,13 @@ async def test_logout_all_ends_the_sessions_on_every_replica_and_says_how_many(
 ) -> None:
     config = config_file(tmp_path, database_url)
     first, second = replica(engine, clock, users=BOTH), replica(other_engine, clock, users=BOTH)
-    async with first.browser() as alice, second.browser() as bob, second.browser() as other:
-        alices = [await logged_in(alice), await logged_in(alice)]
+    async with (
+        first.browser() as alice,
+        second.browser() as alices_laptop,
+        second.browser() as bob,
+        second.browser() as other,
+    ):
+        alices = [await logged_in(alice), await logged_in(alices_laptop)]
         bobs = await logged_in(bob, BOB, BOBS_PASSWORD)
 
         result = await relay("console", "logout-all", "--user", USER, "--config", config)

@@ -30,7 +30,7 @@ from relay.console.login_cookies import (
     LOGIN_FORM_LIFETIME,
     LoginCookies,
 )
-from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
+from relay.console.sessions import REPLACED, SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
 from relay.console.throttle_rule import login_attempt
 from relay.console.unavailable import DatabaseDown
@@ -149,6 +149,9 @@ def console_app(
             log.warning("console: failed login for %r from %s", name[:64], address or "unknown")
             return _login_page(console, request, 401, "Wrong user name or password.", wanted)
         await console.throttle.succeeded(attempt)
+        replaced = console.operator(request)
+        if replaced is not None:  # the browser's cookie now names the new session only
+            await sessions.end(replaced, REPLACED)
         token = await sessions.open(name)
         log.info("console: %s logged in from %s", name, address or "unknown", extra={"user": name})
         response = see_other(safe_next(wanted, f"{CONSOLE_PATH}/events"))

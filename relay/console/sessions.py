@@ -35,6 +35,7 @@ LAST_SEEN_EVERY = timedelta(minutes=1)
 
 LOGOUT = "logout"
 LOGOUT_ALL = "logout-all"
+REPLACED = "replaced by a new login"
 PASSWORD_CHANGED = "password changed"
 USER_REMOVED = "user removed"
 
