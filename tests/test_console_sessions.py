@@ -25,6 +25,7 @@ from relay import migrate
 from relay.cli import main
 from relay.console.sessions import SESSION_COOKIE, SESSIONS
 from tests.console_support import (
+    LOGIN_TOKEN,
     PASSWORD,
     SESSION_LIFETIME,
     USER,
@@ -207,6 +208,31 @@ async def test_a_new_login_ends_the_session_its_browser_held(
         assert await page_status(shared, alices) == 303
         assert await page_status(shared, bobs) == 200
         assert await live_sessions(engine) == 1
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_every_console_cookie_is_http_only_strict_scoped_and_secure_over_https(
+    engine: AsyncEngine, clock: Clock, scheme: str
+) -> None:
+    async with replica(engine, clock).browser() as alice:
+        form = await alice.http.get(f"{scheme}://relay.test/console/login")
+        token = LOGIN_TOKEN.search(form.text)
+        assert token is not None
+        login = await alice.http.post(
+            f"{scheme}://relay.test/console/login",
+            data={"token": token[1], "user": USER, "password": PASSWORD},
+        )
+    assert login.status_code == 303
+    issued = {
+        line.split("=", 1)[0]: line.lower().split("; ")[1:]
+        for answer in (form, login)
+        for line in answer.headers.get_list("set-cookie")
+        if "max-age=0" not in line.lower()  # a deletion
+    }
+    assert set(issued) == {SESSION_COOKIE, "relay_console_login", "relay_console_device"}
+    for name, attributes in issued.items():
+        assert {"httponly", "path=/console", "samesite=strict"} <= set(attributes), name
+        assert ("secure" in attributes) == (scheme == "https"), name
 
 
 async def test_the_csrf_token_belongs_to_its_session(engine: AsyncEngine, clock: Clock) -> None:
