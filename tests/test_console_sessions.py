@@ -248,6 +248,21 @@ async def test_the_csrf_token_belongs_to_its_session(engine: AsyncEngine, clock:
         assert (await second.act("/console/destinations/sink/disable")).status_code == 303
 
 
+@pytest.mark.parametrize("token", ["é", "🙂" * 40, "\u2028", "x" * 10_000, "", " "])
+async def test_hostile_form_tokens_are_refused_with_a_403(
+    engine: AsyncEngine, clock: Clock, token: str
+) -> None:
+    async with replica(engine, clock, ["sink"]).browser() as alice:
+        await alice.http.get("/console/login")
+        login = await alice.http.post(
+            "/console/login", data={"token": token, "user": USER, "password": PASSWORD}
+        )
+        assert login.status_code == 403
+        await logged_in(alice)
+        action = await alice.http.post("/console/destinations/sink/disable", data={"csrf": token})
+        assert action.status_code == 403
+
+
 async def test_the_database_keeps_no_token_and_its_ids_open_no_session(
     engine: AsyncEngine, clock: Clock
 ) -> None:

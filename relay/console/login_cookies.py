@@ -19,6 +19,8 @@ from typing import Any
 
 from itsdangerous import BadData, URLSafeSerializer, URLSafeTimedSerializer
 
+from relay.console.compare import token_matches
+
 LOGIN_COOKIE = "relay_console_login"
 DEVICE_COOKIE = "relay_console_device"
 LOGIN_FORM_LIFETIME = timedelta(hours=1)
@@ -51,9 +53,7 @@ class LoginCookies:
     def form_matches(self, cookie: str | None, token: str | None) -> bool:
         age = LOGIN_FORM_LIFETIME.total_seconds()
         nonce = _load(cookie, lambda value: self._forms.loads(value, max_age=age))
-        if not isinstance(nonce, str) or token is None:
-            return False
-        return hmac.compare_digest(token, self._mac(nonce))
+        return isinstance(nonce, str) and token_matches(token, self._mac(nonce))
 
     def device_cookie(self, user: str) -> str:
         """A new device cookie for ``user``, who just logged in from this browser."""

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from relay.console.compare import token_matches
 from relay.console.tables import ConsoleSession
 from relay.console.users import Users
 
@@ -128,7 +129,7 @@ class Sessions:
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def csrf_matches(self, operator: Operator, token: str | None) -> bool:
-        return token is not None and hmac.compare_digest(token, self.csrf_token(operator))
+        return token_matches(token, self.csrf_token(operator))
 
 
 def session_id(token: str) -> str:
