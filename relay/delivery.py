@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.store import Coalescer
 from relay import outbox
-from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
+from relay.breaker import DestinationHealth, after_outcome, hold_until
 from relay.destinations import Destination, Outbound, Outcome
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
 from relay.metrics import FAILED_ATTEMPT, GONE_ATTEMPT, SUCCEEDED_ATTEMPT, WorkerMetrics
@@ -340,13 +340,11 @@ class Deliverer:
         started, outcome = sent
         delivery = claimed.delivery
         finished = max(self._clock(), started)
-        change: Callable[[DestinationHealth], DestinationHealth] | None
         next_at: datetime | None = None
         if outcome.ok:
             status = SUCCEEDED
-            change = after_success if claimed.health and _unhealthy(claimed.health) else None
         elif outcome.gone:
-            status, change = HELD, after_gone
+            status = HELD
         else:
             schedule_attempts = delivery.attempts + 1 - delivery.schedule_base
             first = delivery.first_attempt_at or started
@@ -357,10 +355,7 @@ class Deliverer:
                 if deadline is not None and next_at > deadline:
                     next_at = None
             status = PENDING if next_at is not None else DEAD
-
-            def change(health: DestinationHealth) -> DestinationHealth:
-                return after_failure(health, policy, finished)
-
+        change = _health_change(outcome, policy, finished, claimed.health)
         figures = self._figures[delivery.destination]
         figures.attempted(_attempt_outcome(outcome), outcome.duration_ms / 1000)
         result = AttemptResult(
@@ -460,6 +455,23 @@ def _health(row: Any) -> DestinationHealth:
 
 def _unhealthy(row: Any) -> bool:
     return bool(row.consecutive_failures or row.paused_until or row.disabled)
+
+
+def _health_change(
+    outcome: Outcome, policy: Policy, finished: datetime, row: Any
+) -> Callable[[DestinationHealth], DestinationHealth] | None:
+    """How the attempt changes its destination's health (:func:`after_outcome`), or None when
+    it cannot change it: a success at a healthy destination, a failure of this message alone.
+    None spares the health row a write."""
+    if outcome.ok and not (row is not None and _unhealthy(row)):
+        return None
+    if not (outcome.ok or outcome.gone or outcome.down):
+        return None
+
+    def change(health: DestinationHealth) -> DestinationHealth:
+        return after_outcome(health, outcome, policy, finished)
+
+    return change
 
 
 def _on_rows(
