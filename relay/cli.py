@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from relay.commands.console import console_commands
+from relay.commands.give_up import give_up_command
 from relay.commands.outbox import deliveries, destinations
 from relay.commands.process import db, serve, worker
 from relay.commands.sources import sources
@@ -31,3 +32,4 @@ for command in (
     simulate,
 ):
     main.add_command(command)
+deliveries.add_command(give_up_command)

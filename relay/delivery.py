@@ -370,7 +370,11 @@ class Deliverer:
         )
         assert isinstance(recorded, Recorded)
         if not recorded.owned:
-            log.warning("lease of delivery %s expired during its attempt", delivery.id)
+            log.warning(
+                "lease of delivery %s was lost during its attempt (it expired, or an operator "
+                "gave the delivery up): the attempt is not recorded",
+                delivery.id,
+            )
             return []
         if status == SUCCEEDED:
             figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
