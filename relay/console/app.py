@@ -199,6 +199,9 @@ def console_app(
         Route(
             "/deliveries/{delivery_id}/replay", action(actions.replay_delivery), methods=["POST"]
         ),
+        Route(
+            "/deliveries/{delivery_id}/give-up", action(actions.give_up_delivery), methods=["POST"]
+        ),
         Route("/destinations", page(pages.destinations), methods=["GET"]),
         Route("/destinations/{name}/enable", action(actions.enable_destination), methods=["POST"]),
         Route(

@@ -36,6 +36,7 @@ NOTICES = {
     "enabled": "Enabled: held deliveries are due now.",
     "disabled": "Disabled: its deliveries are held until it is enabled.",
     "nothing": "Nothing matched: nothing was replayed.",
+    "given-up": "Given up: the delivery is dead now, and the next of its line goes.",
 }
 """What an action's redirect may show (a code from this table, never text from the URL)."""
 

@@ -18,7 +18,7 @@ from sqlalchemy.sql import Select
 
 from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
-from relay.ordering import order_flags
+from relay.ordering import order_flags, waiting_behind
 from relay.outbox import ATTEMPTS, DELIVERIES
 
 EVENTS = ReceivedEvent.__table__
@@ -136,6 +136,22 @@ async def deliveries_page(engine: AsyncEngine, where: DeliveryFilter) -> Page:
     return await _page(
         engine, query, conditions, DELIVERIES.c.created_at, DELIVERIES.c.id, where.before
     )
+
+
+async def delivery_in_line(engine: AsyncEngine, delivery_id: str) -> tuple[Row[Any], int] | None:
+    """A delivery with its event's kind and platform id, and how many later deliveries of its
+    per-key line wait behind it (what giving it up lets go)."""
+    query = select(DELIVERIES, EVENTS.c.kind, EVENTS.c.platform_id, EVENTS.c.received_at).join(
+        EVENTS, EVENTS.c.id == DELIVERIES.c.event_id
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query.where(DELIVERIES.c.id == delivery_id))).first()
+        if row is None:
+            return None
+        if row.order_key is None:
+            return row, 0
+        behind = select(func.count()).select_from(DELIVERIES).where(waiting_behind(row))
+        return row, int(await conn.scalar(behind) or 0)
 
 
 async def count_deliveries(engine: AsyncEngine, where: DeliveryFilter) -> int:
