@@ -277,6 +277,7 @@ HOSTILE_ARGUMENTS = [
     (("x" * 5000,), "is not a delivery id"),
     ((UNKNOWN + "0",), "is not a delivery id"),
     ((f"{UNKNOWN}\n",), "is not a delivery id"),
+    (("\udcff\udcfe",), "is not a delivery id"),  # bytes that are not UTF-8, as Python gets them
     ((UNKNOWN, "--reason", ""), "--reason: empty"),
     ((UNKNOWN, "--reason", "   "), "--reason: empty"),
     ((UNKNOWN, "--reason", "r" * 201), "at most 200 characters"),
@@ -284,6 +285,7 @@ HOSTILE_ARGUMENTS = [
     ((UNKNOWN, "--by", ""), "--by: empty"),
     ((UNKNOWN, "--by", "b" * 65), "at most 64 characters"),
     ((UNKNOWN, "--by", "\x1b[31mroot"), "control characters"),
+    ((UNKNOWN, "--by", "\udcffroot"), "control characters"),
 ]
 
 

@@ -96,7 +96,7 @@ def give_up_command(
         raise click.UsageError("no terminal to ask for confirmation: pass --yes")
     settings = load_settings_or_exit(config_file)
 
-    async def act(engine: AsyncEngine) -> GivenUp | None:
+    async def act(engine: AsyncEngine) -> GivenUp:
         found = await statuses(engine, ids)
         givable = [i for i in ids if found.get(i) in GIVABLE]
         if givable and not yes:
@@ -110,8 +110,7 @@ def give_up_command(
         await enqueue_with_progress(settings, done.next_in_line)
         return done
 
-    done = run(with_engine(settings, act))
-    assert done is not None
+    done: GivenUp = run(with_engine(settings, act))
     for delivery_id in done.unknown:
         click.echo(f"not given up: {delivery_id}: no such delivery", err=True)
     for delivery_id, status in done.finished.items():
