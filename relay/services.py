@@ -20,6 +20,7 @@ from relay.destinations.errors import DestinationRefused
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
 from relay.outbox import EventRef
+from relay.pruner import Pruner
 from relay.router import Router
 from relay.settings import Settings, SettingsError
 from relay.sweeper import Sweeper
@@ -61,6 +62,8 @@ class WorkerServices:
     sweeper: Sweeper
     http_client: httpx.AsyncClient
     targets: dict[str, Target]
+    pruner: Pruner | None = None
+    """Applies ``retention`` in the background; None while it is not set."""
 
     async def start(self) -> None:
         """Start every destination, all at once, waiting at most :data:`START_WAIT_SECONDS`
@@ -135,4 +138,7 @@ def worker_services(
         interval=settings.sweep_interval,
         metrics=metrics,
     )
-    return WorkerServices(deliverer, queue, sweeper, http_client, targets)
+    pruner = (
+        Pruner(engine, settings.retention, clock=clock) if settings.retention is not None else None
+    )
+    return WorkerServices(deliverer, queue, sweeper, http_client, targets, pruner)

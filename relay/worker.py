@@ -90,15 +90,17 @@ def build_worker(
     metrics: WorkerMetrics | None = None,
     started: asyncio.Future[None] | None = None,
 ) -> Worker:
-    """An arq worker for the relay queue; its sweeper runs from start-up to shutdown. Its
-    attempts and sweeps are recorded in ``metrics`` (a private registry by default).
+    """An arq worker for the relay queue; its sweeper (and, with ``retention``, its pruner)
+    runs from start-up to shutdown. Its attempts and sweeps are recorded in ``metrics`` (a
+    private registry by default).
     ``started`` is resolved once its destinations have started, or set to the error that
     stopped them (a destination that can never deliver)."""
     sweeper_task: asyncio.Task[None] | None = None
+    pruner_task: asyncio.Task[None] | None = None
     figures = metrics if metrics is not None else WorkerMetrics()
 
     async def startup(ctx: dict[str, Any]) -> None:
-        nonlocal sweeper_task
+        nonlocal sweeper_task, pruner_task
         services = worker_services(settings, engine, pool, clock, metrics=figures)
         ctx[SERVICES] = services
         try:
@@ -110,13 +112,16 @@ def build_worker(
         if started is not None:
             started.set_result(None)
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
+        if services.pruner is not None:
+            pruner_task = asyncio.create_task(services.pruner.run(), name="relay-pruner")
         log.info(started_line(settings, loop_name(asyncio.get_running_loop())))
 
     async def shutdown(ctx: dict[str, Any]) -> None:
-        if sweeper_task is not None:
-            sweeper_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper_task
+        for task in (sweeper_task, pruner_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         services: WorkerServices | None = ctx.get(SERVICES)
         if services is not None:
             await services.aclose()
