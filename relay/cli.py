@@ -8,6 +8,7 @@ from relay.commands.console import console_commands
 from relay.commands.give_up import give_up_command
 from relay.commands.outbox import deliveries, destinations
 from relay.commands.process import db, serve, worker
+from relay.commands.retention import store
 from relay.commands.sources import sources
 from relay.commands.store import events, rejected
 from relay.simulator.cli import simulate
@@ -29,6 +30,7 @@ for command in (
     destinations,
     sources,
     console_commands,
+    store,
     simulate,
 ):
     main.add_command(command)
