@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from receivers.store import ReceivedEvent, RejectedBody
+from relay.outbox import LOOKUP_CHUNK
 from relay.policies import BUILTIN_POLICIES, attempt_times
 from relay.tables import DEAD, SUCCEEDED, Delivery, DeliveryAttempt, RoutedEvent
 
@@ -206,13 +207,17 @@ def _within_bytes(rows: list[Row[Any]]) -> list[Row[Any]]:
 
 async def remove_events(engine: AsyncEngine, cutoff: datetime, ids: Sequence[str]) -> Pruned:
     """Remove those of ``ids`` that may go at ``cutoff`` (checked again here, under lock),
-    with their deliveries, attempts and routed marks, in one transaction."""
+    with their deliveries, attempts and routed marks, in one transaction. Rows are deleted by
+    their keys, :data:`LOOKUP_CHUNK` at a time, so that every statement goes through an index
+    and fits every driver's parameter limit, however many destinations an event had."""
     async with _writing(engine) as conn:
-        if conn.dialect.name == "postgresql":  # a replay waits for this transaction, or wins
-            await conn.execute(
-                select(DELIVERIES.c.id).where(DELIVERIES.c.event_id.in_(ids)).with_for_update()
-            )
-        going = list(
+        locked = await conn.execute(  # PostgreSQL: a replay waits for this transaction, or wins
+            select(DELIVERIES.c.id, DELIVERIES.c.event_id)
+            .where(DELIVERIES.c.event_id.in_(ids))
+            .with_for_update()
+        )
+        deliveries_of = [(row.id, row.event_id) for row in locked]
+        going = set(
             (
                 await conn.execute(
                     select(EVENTS.c.id).where(EVENTS.c.id.in_(ids), prunable(cutoff))
@@ -221,14 +226,21 @@ async def remove_events(engine: AsyncEngine, cutoff: datetime, ids: Sequence[str
         )
         if not going:
             return Pruned()
-        their_deliveries = select(DELIVERIES.c.id).where(DELIVERIES.c.event_id.in_(going))
-        attempts = await conn.execute(
-            delete(ATTEMPTS).where(ATTEMPTS.c.delivery_id.in_(their_deliveries.scalar_subquery()))
-        )
-        deliveries = await conn.execute(delete(DELIVERIES).where(DELIVERIES.c.event_id.in_(going)))
-        await conn.execute(delete(ROUTED).where(ROUTED.c.event_id.in_(going)))
-        events = await conn.execute(delete(EVENTS).where(EVENTS.c.id.in_(going)))
-        return Pruned(events.rowcount, deliveries.rowcount, attempts.rowcount)
+        events = sorted(going)
+        deliveries = [delivery for delivery, event in deliveries_of if event in going]
+        attempts = await _delete(conn, ATTEMPTS.c.delivery_id, deliveries)
+        removed_deliveries = await _delete(conn, DELIVERIES.c.id, deliveries)
+        await _delete(conn, ROUTED.c.event_id, events)
+        return Pruned(await _delete(conn, EVENTS.c.id, events), removed_deliveries, attempts)
+
+
+async def _delete(conn: AsyncConnection, key: Any, values: Sequence[str]) -> int:
+    """Delete the rows of ``key``'s table whose ``key`` is among ``values``; how many."""
+    removed = 0
+    for start in range(0, len(values), LOOKUP_CHUNK):
+        chunk = values[start : start + LOOKUP_CHUNK]
+        removed += (await conn.execute(delete(key.table).where(key.in_(chunk)))).rowcount
+    return removed
 
 
 async def _remove_rejected(engine: AsyncEngine, cutoff: datetime) -> int:
