@@ -42,8 +42,10 @@ DELIVERIES = Delivery.__table__
 ATTEMPTS = DeliveryAttempt.__table__
 
 FINAL = (SUCCEEDED, DEAD)
-BATCH_EVENTS = 500
-"""The most events (or quarantined bodies) one transaction removes."""
+BATCH_EVENTS = 200
+"""The most events (or quarantined bodies) one transaction removes: in a SQLite store of a
+million events, 200 take 20-150 ms (500: 110-280 ms), mostly in the events' random index pages
+(``scripts/bench_prune.py``)."""
 BATCH_BYTES = 4 * 1024 * 1024
 """The most raw body bytes one transaction removes (at least one row): a SQLite file frees a
 large body page by page, about 10 ms per MiB stored, while the receivers wait to write."""

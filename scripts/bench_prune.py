@@ -8,7 +8,7 @@ received over 60 days, routed to one destination, and its delivery succeeded aft
 (written in bulk with the store's ``insert_rows_async``; PostgreSQL is then ``VACUUM ANALYZE``d,
 as autovacuum would). At each size, with the cutoff halfway through those 60 days:
 
-1. batch: ``relay.retention.prune`` is run for ``--batches`` batches (500 events each) and
+1. batch: ``relay.retention.prune`` is run for ``--batches`` batches (``BATCH_EVENTS`` events each) and
    stopped; a batch's time is from the end of one removal to the end of the next (the query
    that finds the next page, then its transaction): the median is reported;
 2. count: ``relay.retention.count_prunable`` (what ``relay store prune --dry-run`` runs), once;
