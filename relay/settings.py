@@ -116,14 +116,9 @@ class Settings(BaseSettings):
             raise ValueError(f"must be between 100ms and 1h, not {value.total_seconds():g}s")
         return value
 
-    @field_validator("max_connections", mode="before")
+    @field_validator("max_connections", "retention", mode="before")
     @classmethod
-    def _empty_is_derived(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("retention", mode="before")
-    @classmethod
-    def _empty_keeps_everything(cls, value: Any) -> Any:
+    def _empty_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("retention")
