@@ -33,24 +33,19 @@ import contextlib
 import itertools
 import json
 import os
-import secrets
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from benchlib import BenchError, admin_execute, require_local
+from benchlib import BenchError, fresh_store, require_local
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import new_ids
-from receivers.store import create_engine, insert_rows_async
-from relay import migrate, outbox, retention
+from receivers.store import insert_rows_async
+from relay import outbox, retention
 from relay.tables import PENDING, SUCCEEDED
 
 DEFAULT_PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -185,32 +180,9 @@ async def measure(engine: AsyncEngine, backend: str, size: int, batches: int) ->
     return Figures(backend, size, statistics.median(times[1:]) * 1000, counted, skip * 1000)
 
 
-@asynccontextmanager
-async def fresh_store(backend: str, admin_dsn: str) -> AsyncIterator[AsyncEngine]:
-    if backend == "sqlite":
-        with tempfile.TemporaryDirectory(prefix="bench-prune-") as directory:
-            engine = create_engine(f"sqlite:///{Path(directory) / 'relay.db'}")
-            try:
-                await migrate.upgrade(engine)
-                yield engine
-            finally:
-                await engine.dispose()
-        return
-    name = f"prune_{secrets.token_hex(4)}"
-    await admin_execute(admin_dsn, f'CREATE DATABASE "{name}"')
-    base = admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
-    engine = create_engine(f"{base}/{name}")
-    try:
-        await migrate.upgrade(engine)
-        yield engine
-    finally:
-        await engine.dispose()
-        await admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 async def run(backend: str, sizes: list[int], batches: int, admin_dsn: str) -> list[Figures]:
     rows: list[Figures] = []
-    async with fresh_store(backend, admin_dsn) as engine:
+    async with fresh_store(backend, admin_dsn, "prune") as engine:
         stored = 0
         for size in sizes:
             started = time.perf_counter()
@@ -238,6 +210,8 @@ async def main() -> int:
     args = parser.parse_args()
     require_local(args.pg_admin_dsn, "PostgreSQL")
     sizes = sorted(int(size) for size in args.sizes.split(","))
+    if sizes[0] < 10 * args.batches * retention.BATCH_EVENTS:
+        parser.error(f"each size needs at least {10 * args.batches * retention.BATCH_EVENTS}")
     rows = [
         row
         for backend in args.backends.split(",")

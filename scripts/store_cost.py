@@ -29,23 +29,17 @@ import base64
 import json
 import os
 import random
-import secrets
 import sys
-import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
-from benchlib import BenchError, admin_execute, require_local
+from benchlib import BenchError, fresh_store, require_local
 from sqlalchemy import insert, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import ReceiverConfig, SourceConfig, create_app
-from receivers.store import create_engine
-from relay import migrate, outbox, retention
+from relay import outbox, retention
 from relay.destinations import parse_destination_config
 from relay.router import Router
 from relay.simulator import factories
@@ -161,33 +155,10 @@ async def vacuum(engine: AsyncEngine) -> None:
             await conn.exec_driver_sql(f"VACUUM {name}")
 
 
-@asynccontextmanager
-async def fresh_store(backend: str, admin_dsn: str) -> AsyncIterator[AsyncEngine]:
-    if backend == "sqlite":
-        with tempfile.TemporaryDirectory(prefix="store-cost-") as directory:
-            engine = create_engine(f"sqlite:///{Path(directory) / 'relay.db'}")
-            try:
-                await migrate.upgrade(engine)
-                yield engine
-            finally:
-                await engine.dispose()
-        return
-    name = f"cost_{secrets.token_hex(4)}"
-    await admin_execute(admin_dsn, f'CREATE DATABASE "{name}"')
-    base = admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
-    engine = create_engine(f"{base}/{name}")
-    try:
-        await migrate.upgrade(engine)
-        yield engine
-    finally:
-        await engine.dispose()
-        await admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 async def measure(backend: str, size: int, budget: int, admin_dsn: str) -> Figures:
     rng = random.Random(size)
     count = max(20, min(2000, budget // size))
-    async with fresh_store(backend, admin_dsn) as engine:
+    async with fresh_store(backend, admin_dsn, "cost") as engine:
         empty, _ = await used_bytes(engine)
         await store(engine, [body_of(size, rng) for _ in range(count)])
         full, full_file = await used_bytes(engine)
