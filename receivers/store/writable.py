@@ -1,0 +1,221 @@
+"""Whether the store takes writes: one state per process, changed by the outcomes of writes.
+
+A full store (SQLite's "database or disk is full"; a PostgreSQL error of class 53, insufficient
+resources, ``disk_full`` among them; ``ENOSPC``) refuses writes until it has room again, and an
+unreachable one until it is back. A :class:`StoreWritable` follows one kind of writes of a
+process: the callbacks (the event writer's; the readiness checks read it), or the relay's
+(routing, the worker's claims and records, the sweeper, the console's actions). Their writers
+tell it how each write went; it logs each change once, a WARNING when writes start being
+refused and an INFO when one succeeds again, where each failed write used to log a traceback.
+Two kinds, not one: a store nearly full may take the one and refuse the other for a while,
+which a single state would report as a change at each write.
+
+Only a write that adds rows ends a refusal (a new event, routed deliveries, a recorded attempt,
+the probe): an update in place may still fit in a full store where a row does not. A process
+that is not ready may get no callbacks, and an idle relay writes nothing, so while the store
+refuses them the readiness checks (full store) and the sweeps try :class:`WriteProbe`, a write
+that needs room as a callback does; callbacks that come meanwhile are still tried too. The first
+success ends the refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from sqlalchemy import delete, insert
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, StatementError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers.ids import new_id
+from receivers.store.records import Receipt, StoreFull, StoreUnavailable, StoreUnreachable
+from receivers.store.tables import ReceivedEvent
+
+log = logging.getLogger(__name__)
+
+SQLITE_FULL = 13
+"""SQLite's result code for "database or disk is full" (its low byte, in extended codes too)."""
+INSUFFICIENT_RESOURCES = "53"
+"""PostgreSQL's error class of ``disk_full`` (53100), ``out_of_memory`` (53200),
+``configuration_limit_exceeded`` (53400)."""
+TOO_MANY_CONNECTIONS = "53300"
+"""Of that class, but about connections, not room: the store is unreachable then."""
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+MAX_REASON_LENGTH = 200
+PROBE_BYTES = 4096
+"""The probe's body: about a callback's, so that it needs room as a callback does."""
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached (rather than that a row is at fault)."""
+    if isinstance(
+        exc,
+        OperationalError
+        | InterfaceError
+        | sqlite3.OperationalError
+        | OSError
+        | ConnectionError
+        | TimeoutError,
+    ):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+def refusal_of(exc: BaseException) -> StoreUnavailable | None:
+    """What ``exc`` says of the store: :class:`StoreFull` or :class:`StoreUnreachable`, with the
+    driver's words on one line, or None for any other error (a row at fault, a bug)."""
+    if isinstance(exc, StoreFull | StoreUnreachable):
+        return exc
+    cause = _driver_error(exc)
+    if _is_full(cause):
+        return StoreFull(_reason(exc))
+    if is_unavailable(exc) or getattr(cause, "sqlstate", None) == TOO_MANY_CONNECTIONS:
+        return StoreUnreachable(_reason(exc))
+    return None
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """The driver's own error behind SQLAlchemy's, else ``exc``."""
+    return exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+
+
+def _is_full(cause: BaseException) -> bool:
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == SQLITE_FULL:
+        return True
+    state = getattr(cause, "sqlstate", None)
+    if isinstance(state, str) and state.startswith(INSUFFICIENT_RESOURCES):
+        return state != TOO_MANY_CONNECTIONS
+    return isinstance(cause, OSError) and cause.errno in FULL_ERRNOS
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's words on one line (never a statement or its parameters)."""
+    cause = _driver_error(exc)
+    if isinstance(cause, StatementError):
+        return type(cause).__name__
+    return " ".join(str(cause).split())[:MAX_REASON_LENGTH] or type(cause).__name__
+
+
+class StoreWritable:
+    """Whether the store takes one kind of writes of this process (see the module docstring):
+    ``what`` names them in the log lines. ``clock``: seconds, for how long a refusal lasted."""
+
+    def __init__(
+        self, what: str = "writes", *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.what = what
+        self._clock = clock
+        self._refusal: StoreUnavailable | None = None
+        self._since = 0.0
+
+    @property
+    def refusal(self) -> StoreUnavailable | None:
+        """Why writes are refused (:class:`StoreFull`, :class:`StoreUnreachable`); None while
+        they succeed."""
+        return self._refusal
+
+    @property
+    def full(self) -> bool:
+        """Whether writes are refused because the store is full."""
+        return isinstance(self._refusal, StoreFull)
+
+    def failed(self, exc: BaseException) -> bool:
+        """Note a failed write (or read): True when ``exc`` says that the store refuses writes
+        (full, unreachable), logged once per change; False for any other error, which is the
+        caller's to report."""
+        refusal = refusal_of(exc)
+        if refusal is None:
+            return False
+        if self._refusal is None:
+            self._since = self._clock()
+        if type(refusal) is not type(self._refusal):
+            state = "full" if isinstance(refusal, StoreFull) else "unavailable"
+            log.warning("the store refuses %s: it is %s (%s)", self.what, state, refusal)
+        self._refusal = refusal
+        return True
+
+    def succeeded(self) -> None:
+        """Note a committed write that added rows: the store takes writes (logged once, after
+        a refusal)."""
+        if self._refusal is not None:
+            self._refusal = None
+            elapsed = self._clock() - self._since
+            log.info("the store takes %s again after %.1f s", self.what, elapsed)
+
+    def wrote(self, answers: Iterable[object]) -> None:
+        """Note the answers of one group of the event writer: a new event among them means
+        the store takes writes; else the first refusal among them is noted."""
+        refused: StoreUnavailable | None = None
+        for answer in answers:
+            if isinstance(answer, Receipt) and not answer.duplicate:
+                self.succeeded()
+                return
+            if refused is None and isinstance(answer, StoreFull | StoreUnreachable):
+                refused = answer
+        if refused is not None:
+            self.failed(refused)
+
+
+EVENTS = ReceivedEvent.__table__  # type: ignore[attr-defined]
+
+
+async def probe_write(engine: AsyncEngine, now: datetime) -> None:
+    """Store an event row of a callback's size and delete it in the same transaction: raises
+    what a callback's write would raise now, keeps nothing, and no reader ever sees the row."""
+    event_id = new_id(now)
+    row = {
+        "id": event_id,
+        "source": "",
+        "kind": "",
+        "dedup_key": f"probe:{uuid.uuid4()}",
+        "received_at": now,
+        "payload": {},
+        "raw_body": bytes(PROBE_BYTES),
+        "method": "",
+        "duplicates": 0,
+    }
+    async with engine.begin() as conn:
+        await conn.execute(insert(EVENTS), [row])
+        await conn.execute(delete(EVENTS).where(EVENTS.c.id == event_id))
+
+
+class WriteProbe:
+    """:func:`probe_write`, one at a time (callers meanwhile share its outcome), which is noted
+    in ``writable``."""
+
+    def __init__(
+        self, engine: AsyncEngine, writable: StoreWritable, clock: Callable[[], datetime]
+    ) -> None:
+        self._engine = engine
+        self._writable = writable
+        self._clock = clock
+        self._running: asyncio.Task[None] | None = None
+
+    async def __call__(self) -> None:
+        """Probe (or wait for the probe under way); raises its error."""
+        if self._running is None or self._running.done():
+            self._running = asyncio.create_task(self._probe())
+            self._running.add_done_callback(_retrieved)
+        await asyncio.shield(self._running)
+
+    async def _probe(self) -> None:
+        try:
+            await probe_write(self._engine, self._clock())
+        except Exception as exc:
+            if not self._writable.failed(exc):  # no refusal: a fault of the probe's own
+                log.warning("the write probe failed: %s", _reason(exc))
+            raise
+        self._writable.succeeded()
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a probe's error as seen: the checks that waited for it may have timed out."""
+    if not task.cancelled():
+        task.exception()
