@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.store import Coalescer
+from receivers.store.writable import StoreWritable
 from relay import outbox
 from relay.breaker import DestinationHealth, after_outcome, hold_until
 from relay.destinations import Destination, Outbound, Outcome
@@ -122,7 +123,9 @@ class Deliverer:
     of its attempts waits at most half the lease margin for a slot, so no lease runs out before
     its attempt ends. The claims, records and releases of concurrent attempts share transactions
     (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics`` (a
-    private registry by default)."""
+    private registry by default). A claim or record that the store refuses (full, unreachable)
+    is noted in ``writable`` (logged once, not per attempt): :meth:`attempt_many` leaves such a
+    delivery as SQL has it, for the sweeper to hand out again once the store takes writes."""
 
     def __init__(
         self,
@@ -135,8 +138,10 @@ class Deliverer:
         rng: random.Random | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         metrics: WorkerMetrics | None = None,
+        writable: StoreWritable | None = None,
     ) -> None:
         self._engine = engine
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self._targets = targets
         self._policies = policies
         self._clock = clock
@@ -186,7 +191,9 @@ class Deliverer:
             ),
             return_exceptions=True,
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = [
+            r for r in results if isinstance(r, BaseException) and not self._writable.failed(r)
+        ]
         next_due = [due for r in results if isinstance(r, list) for due in r]
         if errors:
             raise _with_next(errors[0], next_due)
@@ -232,6 +239,8 @@ class Deliverer:
                     await outbox.release_on(conn, releases)
                 claimed = await self._claim_on(conn, ids) if ids else []
                 claims = list(claimed)
+            if records:
+                self._writable.succeeded()
         except Exception as exc:
             if len(items) == 1 and not isinstance(exc, outbox.LeaseLost):
                 raise
@@ -277,9 +286,11 @@ class Deliverer:
     async def _record_alone(self, record: AttemptRecord) -> Recorded | BaseException:
         try:
             async with self._engine.begin() as conn:
-                return (await self._record_on(conn, [record]))[0]
+                recorded = (await self._record_on(conn, [record]))[0]
         except Exception as exc:
             return exc
+        self._writable.succeeded()
+        return recorded
 
     async def _attempt(self, claimed: Claim, slot: Slot) -> list[Due]:
         """Attempt a claimed delivery in its ``slot``, which is freed once the answer is in

@@ -23,13 +23,14 @@ from receivers import create_app
 from receivers.config import ReceiverConfig
 from receivers.store import create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
+from receivers.store.writable import StoreWritable
 from relay import migrate
 from relay.console.access import ConsoleAccess, console_access, mount_console
 from relay.default_source import GeneratedToken, served_sources
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
 from relay.jobs import JobQueue, open_pool
 from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
-from relay.outbox import Due
+from relay.outbox import RELAY_WRITES, Due
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
 from relay.worker import EmbeddedWorker, build_worker
@@ -50,15 +51,17 @@ class Runtime:
     it as any settings error, instead of the server's traceback)."""
 
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
-        """The ASGI app to serve: receivers whose commits are routed and relayed."""
-        hook = RoutingHook(self.engine, router_for(self.settings), clock)
+        """The ASGI app to serve: receivers whose commits are routed and relayed. The relay's
+        parts in it (hook, embedded worker, console) share one :class:`StoreWritable`."""
+        writable = StoreWritable(RELAY_WRITES)
+        hook = RoutingHook(self.engine, router_for(self.settings), clock, writable)
         metrics = serve_metrics(self.engine, self.settings.destinations, clock)
 
         @contextlib.asynccontextmanager
         async def relay() -> AsyncIterator[None]:
             try:
                 async with relay_queue(
-                    self.settings, self.engine, clock, registry=metrics.registry
+                    self.settings, self.engine, clock, registry=metrics.registry, writable=writable
                 ) as queue:
                     hook.queue = queue
                     yield
@@ -88,6 +91,7 @@ class Runtime:
                 enqueue,
                 clock,
                 sources=list(self.receiver_config.sources),
+                writable=writable,
             )
         return app
 
@@ -99,9 +103,11 @@ async def relay_queue(
     clock: Callable[[], datetime],
     *,
     registry: CollectorRegistry | None = None,
+    writable: StoreWritable | None = None,
 ) -> AsyncIterator[JobQueue]:
     """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
-    worker running in this event loop, recording in ``registry`` (the server's)."""
+    worker running in this event loop, recording in ``registry`` (the server's) and telling
+    ``writable`` (the server's state of the relay's writes) how its writes went."""
     if settings.redis_url:
         pool = await open_pool(settings.redis_url)
         try:
@@ -120,6 +126,7 @@ async def relay_queue(
         handle_signals=False,
         metrics=WorkerMetrics(registry),
         started=started,
+        writable=writable,
     )
     assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")

@@ -13,6 +13,7 @@ from arq.connections import ArqRedis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
+from receivers.store.writable import StoreWritable
 from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import Destination, build_destination, new_http_client
@@ -37,18 +38,32 @@ class RoutingHook:
     """The receivers' after-commit hook: create the deliveries and enqueue their first jobs.
 
     If it fails (or the process dies first), the events stay unrouted in SQL and the sweeper
-    routes them: the hook is the fast path, never the only one."""
+    routes them: the hook is the fast path, never the only one. A store that refuses writes
+    (full, unreachable) is noted in ``writable``, which logs it once, not per call."""
 
-    def __init__(self, engine: AsyncEngine, router: Router, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        router: Router,
+        clock: Callable[[], datetime],
+        writable: StoreWritable | None = None,
+    ) -> None:
         self._engine = engine
         self._router = router
         self._clock = clock
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self.queue: JobQueue | None = None
         """Attached once the queue is connected (in the app's lifespan)."""
 
     async def __call__(self, events: Sequence[StoredEvent]) -> None:
         refs = [EventRef(e.id, e.source, e.kind, e.payload, e.received_at) for e in events]
-        due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        try:
+            due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        except Exception as exc:
+            if self._writable.failed(exc):
+                return  # the sweeper routes them once the store takes writes again
+            raise
+        self._writable.succeeded()
         if self.queue is not None:
             await self.queue.enqueue(due)
 
@@ -111,9 +126,12 @@ def worker_services(
     clock: Callable[[], datetime],
     *,
     metrics: WorkerMetrics | None = None,
+    writable: StoreWritable | None = None,
 ) -> WorkerServices:
     """Build the destinations and the deliverer of one worker; its deliverer and sweeper
-    record in ``metrics`` (a private registry by default)."""
+    record in ``metrics`` (a private registry by default) and tell ``writable`` (the process's
+    state of the relay's writes, else a new one) how their writes to the store went."""
+    writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
     metrics = metrics if metrics is not None else WorkerMetrics()
     http_client = new_http_client(limits=HTTP_LIMITS)
     targets = {
@@ -129,6 +147,7 @@ def worker_services(
         lease=lease_for(settings),
         concurrency=settings.worker_concurrency,
         metrics=metrics,
+        writable=writable,
     )
     sweeper = Sweeper(
         engine,
@@ -137,6 +156,7 @@ def worker_services(
         clock=clock,
         interval=settings.sweep_interval,
         metrics=metrics,
+        writable=writable,
     )
     pruner = (
         Pruner(engine, settings.retention, clock=clock) if settings.retention is not None else None

@@ -9,6 +9,7 @@ Both steps are idempotent, so several sweepers (one per worker) may run at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.store.writable import StoreWritable, WriteProbe
 from relay import outbox
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
@@ -38,7 +40,10 @@ class SweepReport:
 
 class Sweeper:
     """Runs :meth:`sweep` at start-up and then every ``interval``; each run is counted in
-    ``metrics`` (a private registry by default)."""
+    ``metrics`` (a private registry by default). A sweep that fails because the store refuses
+    writes is noted in ``writable`` (logged once, not per sweep) and done again next time; while
+    the store refuses the relay's writes, each sweep tries the probe first (an idle relay has
+    nothing else to find out with that the store takes them again)."""
 
     def __init__(
         self,
@@ -49,8 +54,11 @@ class Sweeper:
         clock: Callable[[], datetime],
         interval: timedelta,
         metrics: WorkerMetrics | None = None,
+        writable: StoreWritable | None = None,
     ) -> None:
         self._engine = engine
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
+        self._probe = WriteProbe(engine, self._writable, clock)
         self._router = router
         self._queue = queue
         self._clock = clock
@@ -81,6 +89,7 @@ class Sweeper:
                 self._scan_from = before - SCAN_OVERLAP  # everything older is routed
                 break
             due = await outbox.route_events(self._engine, self._router, events, now)
+            self._writable.succeeded()
             enqueued += await self._queue.enqueue(due)
             routed += len(events)
         now, last = self._clock(), None
@@ -97,10 +106,14 @@ class Sweeper:
     async def run(self) -> None:
         """Sweep forever (cancel to stop); a failing sweep is logged and retried next time."""
         while True:
+            if self._writable.refusal is not None:
+                with contextlib.suppress(Exception):  # the probe notes its outcome
+                    await self._probe()
             try:
                 await self.sweep()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("sweep failed; retrying in %s", self._interval)
+            except Exception as exc:
+                if not self._writable.failed(exc):
+                    log.exception("sweep failed; retrying in %s", self._interval)
             await asyncio.sleep(self._interval.total_seconds())

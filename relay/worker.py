@@ -22,6 +22,7 @@ from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.event_loop import LoopName, loop_name
+from receivers.store.writable import StoreWritable
 from relay.delivery import AttemptsFailed
 from relay.destinations.errors import without_credentials
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
@@ -89,19 +90,23 @@ def build_worker(
     handle_signals: bool = True,
     metrics: WorkerMetrics | None = None,
     started: asyncio.Future[None] | None = None,
+    writable: StoreWritable | None = None,
 ) -> Worker:
     """An arq worker for the relay queue; its sweeper (and, with ``retention``, its pruner)
     runs from start-up to shutdown. Its attempts and sweeps are recorded in ``metrics`` (a
     private registry by default).
     ``started`` is resolved once its destinations have started, or set to the error that
-    stopped them (a destination that can never deliver)."""
+    stopped them (a destination that can never deliver). ``writable``: the process's state of
+    its writes to the store (:mod:`receivers.store.writable`)."""
     sweeper_task: asyncio.Task[None] | None = None
     pruner_task: asyncio.Task[None] | None = None
     figures = metrics if metrics is not None else WorkerMetrics()
 
     async def startup(ctx: dict[str, Any]) -> None:
         nonlocal sweeper_task, pruner_task
-        services = worker_services(settings, engine, pool, clock, metrics=figures)
+        services = worker_services(
+            settings, engine, pool, clock, metrics=figures, writable=writable
+        )
         ctx[SERVICES] = services
         try:
             await services.start()

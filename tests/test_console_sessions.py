@@ -426,7 +426,7 @@ async def test_a_database_that_cannot_be_reached_is_a_503_then_the_console_recov
     engine = create_engine(f"sqlite:///{later / 'relay.db'}")
     try:
         async with replica(engine, clock, ["sink"]).browser() as alice:
-            with caplog.at_level(logging.WARNING, logger="relay.console"):
+            with caplog.at_level(logging.INFO, logger="relay.console"):
                 assert (await alice.http.get("/console/login")).status_code == 200
                 answers = [
                     await alice.login(),

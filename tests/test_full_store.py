@@ -12,18 +12,29 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers import StoredEvent
 from receivers.store.engine import create_engine
-from relay import migrate
+from relay import migrate, outbox
+from relay.destinations import parse_destination_config
+from relay.jobs import JobQueue
+from relay.metrics import WorkerMetrics
+from relay.router import Router
+from relay.runtime import embedded_pool
+from relay.services import RoutingHook
 from relay.simulator import factories
-from relay.tables import Delivery
+from relay.sweeper import Sweeper
+from relay.tables import DEAD, SUCCEEDED, Delivery
 from tests.conftest import TOKEN, running_client
+from tests.console_support import console_client
 from tests.full_store_support import (
     BIG_TEXT,
     FillableStore,
@@ -32,8 +43,9 @@ from tests.full_store_support import (
     limit_pages,
     page_limit_environment,
 )
+from tests.relay_support import Clock, Relay, store_events
 from tests.store_support import driver_threads, drivers_ended, eventually, stored_events
-from tests.support import free_port
+from tests.support import Answer, Sink, free_port
 
 LANES = [("sqlite", False), ("sqlite", True), ("postgresql", False)]
 LANE_IDS = [f"{db}-{'writer-process' if own else 'in-process'}" for db, own in LANES]
@@ -218,3 +230,168 @@ async def test_an_unreachable_store_is_one_warning_however_many_checks_and_callb
     assert [level for level, _ in lines] == ["WARNING"] + (["INFO"] if database else [])
     assert_no_trace(caplog)
     assert "readiness check failed" not in caplog.text
+
+
+# --- the relay -----------------------------------------------------------------------------------
+
+
+relay_backends = pytest.mark.parametrize(
+    "lane", [("sqlite", False), ("postgresql", False)], ids=["sqlite", "postgresql"], indirect=True
+)
+
+
+async def unrouted(engine: AsyncEngine, clock: Clock) -> list[outbox.EventRef]:
+    return await outbox.unrouted_events(engine, clock() + timedelta(days=1), 1000)
+
+
+@relay_backends
+async def test_routing_into_a_full_store_leaves_the_events_to_the_sweeper_without_a_trace(
+    engine: AsyncEngine, full_store: FillableStore, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    router = Router({"crm": parse_destination_config({"type": "http", "url": sink.url()})})
+    await store_events(engine, [("/hooks/sms/dlr", factories.sms_dlr()) for _ in range(100)], clock)
+    events = await unrouted(engine, clock)
+    await full_store.fill()
+    hook = RoutingHook(engine, router, clock)
+
+    caplog.set_level(logging.INFO)
+    stored = [StoredEvent(e.id, e.source, e.kind, clock(), dict(e.payload)) for e in events]
+    await hook(stored[:50])
+    await hook(stored[50:])  # no exception: the events stay stored, unrouted
+
+    assert [level for level, _ in store_lines(caplog)] == ["WARNING"]
+    assert "the relay's writes: it is full" in store_lines(caplog)[0][1]
+    assert_no_trace(caplog)
+    assert len(await unrouted(engine, clock)) == 100
+
+    await full_store.make_room()
+    pool = embedded_pool()
+    try:
+        clock.advance(timedelta(seconds=10))
+        report = await Sweeper(
+            engine, router, JobQueue(pool), clock=clock, interval=timedelta(seconds=1)
+        ).sweep()
+    finally:
+        await pool.aclose()
+    assert report.routed_events == 100 and await unrouted(engine, clock) == []
+
+
+@relay_backends
+async def test_a_sweeper_on_a_full_store_logs_once_and_routes_once_there_is_room(
+    engine: AsyncEngine, full_store: FillableStore, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    router = Router({"crm": parse_destination_config({"type": "http", "url": sink.url()})})
+    await store_events(engine, [("/hooks/sms/dlr", factories.sms_dlr()) for _ in range(100)], clock)
+    clock.advance(timedelta(seconds=10))
+    await full_store.fill()
+    metrics = WorkerMetrics()
+    pool = embedded_pool()
+    sweeper = Sweeper(
+        engine,
+        router,
+        JobQueue(pool),
+        clock=clock,
+        interval=timedelta(milliseconds=20),
+        metrics=metrics,
+    )
+
+    def sweeps(outcome: str) -> float:
+        return metrics.registry.get_sample_value("relay_sweeps_total", {"outcome": outcome}) or 0
+
+    caplog.set_level(logging.INFO)
+    running = asyncio.create_task(sweeper.run())
+    try:
+        await eventually(lambda: sweeps("failed") >= 5)
+        assert [level for level, _ in store_lines(caplog)] == ["WARNING"]
+        assert_no_trace(caplog)
+
+        await full_store.make_room()
+        await eventually(lambda: sweeps("ok") >= 1)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await pool.aclose()
+    assert await unrouted(engine, clock) == []
+    assert [level for level, _ in store_lines(caplog)] == ["WARNING", "INFO"]
+    assert_no_trace(caplog)
+
+
+@relay_backends
+async def test_attempts_on_a_full_store_end_quietly_and_are_made_again_once_there_is_room(
+    engine: AsyncEngine, full_store: FillableStore, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL refuses the claims (updates need room there); SQLite takes them (in place)
+    and refuses the records of the attempts, whose leases then run out before they are made
+    again: the destination may get an event twice, never none."""
+    sink.answers["/hook"] = Answer(body=b"x" * 2000)  # an attempt's row needs room
+    clock = Clock()
+    relay = Relay(engine, {"crm": {"type": "http", "url": sink.url()}}, clock)
+    try:
+        posts = [("/hooks/sms/dlr", factories.sms_dlr()) for _ in range(40)]
+        event_ids = set(await store_events(engine, posts, clock))
+        due = await relay.route_all()
+        await full_store.fill()
+
+        caplog.set_level(logging.INFO)
+        await relay.deliverer.attempt_many([d.id for d in due])  # no exception
+        assert [level for level, _ in store_lines(caplog)] == ["WARNING"]
+        assert_no_trace(caplog)
+
+        await full_store.make_room()
+        clock.advance(timedelta(minutes=5))  # past the leases of the unrecorded attempts
+        await relay.deliverer.attempt_many([d.id for d in due])
+    finally:
+        await relay.aclose()
+
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(DELIVERIES.c.event_id, DELIVERIES.c.status))).all()
+    assert {status for _, status in rows} == {SUCCEEDED} and len(rows) == 40
+    assert {event_id for event_id, _ in rows} == event_ids
+    delivered = {r.headers["webhook-id"] for r in sink.requests}
+    assert delivered == event_ids
+    assert [level for level, _ in store_lines(caplog)] == ["WARNING", "INFO"]
+    assert_no_trace(caplog)
+    assert DEAD not in {status for _, status in rows}
+
+
+on_postgresql = pytest.mark.parametrize(
+    "lane", [("postgresql", False)], ids=["postgresql"], indirect=True
+)
+"""A full PostgreSQL refuses updates too; SQLite updates a row in place, which a full file
+still takes (the console's and the command's replay is such an update)."""
+
+
+async def a_delivery(engine: AsyncEngine, sink: Sink) -> str:
+    """The id of a delivery of a stored, routed event."""
+    clock = Clock()
+    await store_events(engine, [("/hooks/sms/dlr", factories.sms_dlr())], clock)
+    relay = Relay(engine, {"crm": {"type": "http", "url": sink.url()}}, clock)
+    try:
+        [due] = await relay.route_all()
+    finally:
+        await relay.aclose()
+    return due.id
+
+
+@on_postgresql
+async def test_a_console_action_the_full_store_refuses_is_503_without_a_trace(
+    engine: AsyncEngine, full_store: FillableStore, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    delivery_id = await a_delivery(engine, sink)
+    await full_store.fill()
+    caplog.set_level(logging.INFO)
+    async with console_client(engine, Clock(), ["crm"]) as console:
+        assert (await console.login()).status_code == 303
+        replay = f"/console/deliveries/{delivery_id}/replay"
+        refused = await console.act(replay, back="/console/deliveries")
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["detail"] == "The store is full and refuses writes: try again later."
+        assert (await console.act(replay, back="/console/deliveries")).status_code == 503
+
+        await full_store.make_room()
+        assert (await console.act(replay, back="/console/deliveries")).status_code == 303
+    assert [level for level, _ in store_lines(caplog)] == ["WARNING"]
+    assert_no_trace(caplog)

@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
 from receivers.store import utc_now
+from receivers.store.writable import StoreWritable
 from relay.bootstrap import CONSOLE_PASSWORD_KEY, CONSOLE_SESSION_KEY, kept_secret
 from relay.console.app import console_app
 from relay.console.sessions import end_outdated_sessions
@@ -59,9 +60,11 @@ def mount_console(
     clock: Callable[[], datetime],
     *,
     sources: list[str],
+    writable: StoreWritable | None = None,
 ) -> None:
     """Serve the console at ``/console`` in ``app``; ``sources`` are the served sources (the
-    configured ones, and the default source while its generated token serves it)."""
+    configured ones, and the default source while its generated token serves it). Its actions
+    tell ``writable`` (the server's) when the store refuses their writes."""
     console = console_app(
         engine,
         Users(access.key, access.users),
@@ -74,6 +77,7 @@ def mount_console(
         session_lifetime=settings.console.session_lifetime,
         secure_cookie=settings.console.secure_cookie,
         trusted_proxies=settings.trusted_proxies,
+        writable=writable,
     )
     home = SecurityHeaders(see_other(CONSOLE_PATH + "/events"))
     app.router.routes += [

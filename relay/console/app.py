@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from receivers.sources import Network
+from receivers.store.writable import StoreWritable
 from relay.console import actions, pages
 from relay.console.filters import BadFilter
 from relay.console.login_cookies import (
@@ -48,6 +49,7 @@ from relay.console.web import (
     see_other,
     templates,
 )
+from relay.outbox import RELAY_WRITES
 
 log = logging.getLogger("relay.console")
 
@@ -68,9 +70,12 @@ def console_app(
     secure_cookie: bool = False,
     targets: Mapping[str, str] | None = None,
     trusted_proxies: Sequence[Network] = (),
+    writable: StoreWritable | None = None,
 ) -> Starlette:
     """The console over this store for ``users``, its cookies and tokens signed with ``key``;
-    ``enqueue`` hands what an action made due to the relay."""
+    ``enqueue`` hands what an action made due to the relay. An action whose write the store
+    refuses (full, unreachable) is answered 503 and noted in ``writable`` (the server's state of
+    the relay's writes), which logs it once."""
     sessions = Sessions(engine, users, key, session_lifetime, clock)
     kept_keys = [f"user:{name}" for name in users.names]
     console = Console(
@@ -87,6 +92,7 @@ def console_app(
         throttle=LoginThrottle(engine, clock, kept_keys=kept_keys),
         trusted_proxies=tuple(trusted_proxies),
         templates=templates(),
+        writable=writable if writable is not None else StoreWritable(RELAY_WRITES),
     )
     stylesheet = (HERE / "static" / "console.css").read_bytes()
 
@@ -117,7 +123,19 @@ def console_app(
                     "Forbidden",
                     "The form's CSRF token is missing or wrong: reload the page and try again.",
                 )
-            return await do(console, request, operator, fields)
+            try:
+                return await do(console, request, operator, fields)
+            except Exception as exc:
+                if not console.writable.failed(exc):
+                    raise
+                state = "full" if console.writable.full else "unavailable"
+                return error(
+                    console,
+                    request,
+                    503,
+                    "Service Unavailable",
+                    f"The store is {state} and refuses writes: try again later.",
+                )
 
         return endpoint
 

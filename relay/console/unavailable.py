@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from receivers.handler import RETRY_AFTER_SECONDS
-from receivers.store.batches import is_unavailable
+from receivers.store.writable import is_unavailable
 from relay.console.web import OPERATOR, Console, error
 
 log = logging.getLogger("relay.console")
@@ -55,4 +55,4 @@ class DatabaseDown:
             return
         if self._down and scope.get(OPERATOR) is not None:  # a session was read: it is back
             self._down = False
-            log.warning("console: the database can be reached again")
+            log.info("console: the database can be reached again")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from receivers.auth import IPAddress, client_address
 from receivers.problems import Problem
 from receivers.sources import Network
+from receivers.store.writable import StoreWritable
 from relay.console.filters import BadFilter
 from relay.console.login_cookies import LoginCookies
 from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
 from relay.console.users import Users
-from relay.outbox import Due
+from relay.outbox import RELAY_WRITES, Due
 
 CONSOLE_PATH = "/console"
 OPERATOR = "relay.console.operator"
@@ -73,6 +74,8 @@ class Console:
     trusted_proxies: tuple[Network, ...]
     """Proxies whose X-Forwarded-For names the client (as for the receivers)."""
     templates: Environment
+    writable: StoreWritable = field(default_factory=lambda: StoreWritable(RELAY_WRITES))
+    """The server's state of the relay's writes, told when the store refuses an action's."""
 
     def page(
         self,
