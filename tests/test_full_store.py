@@ -18,12 +18,14 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
 from receivers.store.engine import create_engine
 from relay import migrate, outbox
+from relay.cli import main
 from relay.destinations import parse_destination_config
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
@@ -395,3 +397,30 @@ async def test_a_console_action_the_full_store_refuses_is_503_without_a_trace(
         assert (await console.act(replay, back="/console/deliveries")).status_code == 303
     assert [level for level, _ in store_lines(caplog)] == ["WARNING"]
     assert_no_trace(caplog)
+
+
+@on_postgresql
+async def test_a_command_the_full_store_refuses_is_one_line(
+    engine: AsyncEngine,
+    full_store: FillableStore,
+    sink: Sink,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    delivery_id = await a_delivery(engine, sink)
+    config = tmp_path / "relay.toml"
+    config.write_text(f'database_url = "{database_url}"\n')
+    replay = ["deliveries", "replay", delivery_id, "--config", str(config)]
+    await full_store.fill()
+
+    result = await asyncio.to_thread(CliRunner().invoke, main, replay)
+
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[-1] == (
+        "Error: the store is full and refuses writes: "
+        "could not extend file: No space left on device"
+    )
+    assert "Traceback" not in result.output
+    await full_store.make_room()
+    result = await asyncio.to_thread(CliRunner().invoke, main, replay)
+    assert result.exit_code == 0 and "replayed 1 deliveries" in result.output
