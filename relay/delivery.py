@@ -17,8 +17,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.store import Coalescer
-from receivers.store.writable import StoreWritable
+from receivers.store import Coalescer, StoreWritable
 from relay import outbox
 from relay.breaker import DestinationHealth, after_outcome, hold_until
 from relay.destinations import Destination, Outbound, Outcome

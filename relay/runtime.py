@@ -21,9 +21,8 @@ from starlette.applications import Starlette
 
 from receivers import create_app
 from receivers.config import ReceiverConfig
-from receivers.store import create_engine, utc_now
+from receivers.store import StoreWritable, create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
-from receivers.store.writable import StoreWritable
 from relay import migrate
 from relay.console.access import ConsoleAccess, console_access, mount_console
 from relay.default_source import GeneratedToken, served_sources

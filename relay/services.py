@@ -13,7 +13,7 @@ from arq.connections import ArqRedis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
-from receivers.store.writable import StoreWritable
+from receivers.store import StoreWritable
 from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import Destination, build_destination, new_http_client

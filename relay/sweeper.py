@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store.writable import StoreWritable, WriteProbe
+from receivers.store import StoreWritable, WriteProbe
 from relay import outbox
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics

@@ -22,7 +22,7 @@ from arq.worker import Worker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.event_loop import LoopName, loop_name
-from receivers.store.writable import StoreWritable
+from receivers.store import StoreWritable
 from relay.delivery import AttemptsFailed
 from relay.destinations.errors import without_credentials
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id

@@ -11,9 +11,7 @@ from typing import Any, TypeVar
 import click
 from sqlalchemy.exc import DBAPIError
 
-from receivers.store import create_engine, sqlite_file
-from receivers.store.records import StoreFull
-from receivers.store.writable import refusal_of
+from receivers.store import StoreFull, create_engine, refusal_of, sqlite_file
 from relay import outbox
 from relay.jobs import JobQueue, open_pool
 from relay.settings import Settings, SettingsError, config_path, load_settings

@@ -10,8 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from receivers.store import utc_now
-from receivers.store.writable import StoreWritable
+from receivers.store import StoreWritable, utc_now
 from relay.bootstrap import CONSOLE_PASSWORD_KEY, CONSOLE_SESSION_KEY, kept_secret
 from relay.console.app import console_app
 from relay.console.sessions import end_outdated_sessions

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from receivers.sources import Network
-from receivers.store.writable import StoreWritable
+from receivers.store import StoreWritable
 from relay.console import actions, pages
 from relay.console.filters import BadFilter
 from relay.console.login_cookies import (

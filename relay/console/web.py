@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from receivers.auth import IPAddress, client_address
 from receivers.problems import Problem
 from receivers.sources import Network
-from receivers.store.writable import StoreWritable
+from receivers.store import StoreWritable
 from relay.console.filters import BadFilter
 from relay.console.login_cookies import LoginCookies
 from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
