@@ -24,8 +24,8 @@ from receivers.metrics import Metrics, ReceiverCounters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem
 from receivers.routing import ReceiverApp
+from receivers.store.probe import WriteProbe
 from receivers.store.records import AfterCommit, StoreFull, utc_now
-from receivers.store.writable import WriteProbe
 from receivers.store.writer import EventWriter
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,9 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
+from receivers.store.probe import WriteProbe, probe_write
 from receivers.store.records import Receipt, StoreFull, StoreUnavailable, StoreUnreachable
-from receivers.store.writable import StoreWritable, WriteProbe, probe_write, refusal_of
+from receivers.store.writable import StoreWritable, refusal_of
 from receivers.store.writer import EventWriter
 from receivers.store.writer_process import _unwire, _wire
 from tests.conftest import PG_ADMIN_DSN, service_missing

@@ -8,9 +8,10 @@ from receivers.ids import new_id
 from receivers.store.batches import insert_rows, insert_rows_async
 from receivers.store.coalescer import Coalescer
 from receivers.store.engine import create_engine, sqlite_file
+from receivers.store.probe import WriteProbe
 from receivers.store.records import Clock, StoredEvent, StoreFull, utc_now
 from receivers.store.tables import ReceivedEvent, RejectedBody, UTCDateTime
-from receivers.store.writable import StoreWritable, WriteProbe, refusal_of
+from receivers.store.writable import StoreWritable, refusal_of
 
 __all__ = [
     "Clock",

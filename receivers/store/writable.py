@@ -1,4 +1,5 @@
-"""Whether the store takes writes: one state per process, changed by the outcomes of writes.
+"""Whether the store takes writes: a state per process and kind of writes, changed by the
+outcomes of writes.
 
 A full store (SQLite's "database or disk is full"; a PostgreSQL error of class 53, insufficient
 resources, ``disk_full`` among them; ``ENOSPC``) refuses writes until it has room again, and an
@@ -13,29 +14,22 @@ which a single state would report as a change at each write.
 Only a write that adds rows ends a refusal (a new event, routed deliveries, a recorded attempt,
 the probe): an update in place may still fit in a full store where a row does not. A process
 that is not ready may get no callbacks, and an idle relay writes nothing, so while the store
-refuses them the readiness checks (full store) and the sweeps try :class:`WriteProbe`, a write
-that needs room as a callback does; callbacks that come meanwhile are still tried too. The first
-success ends the refusal.
+refuses them the readiness checks (full store) and the sweeps try the probe
+(:mod:`receivers.store.probe`), a write that needs room as a callback does; callbacks that come
+meanwhile are still tried too. The first success ends the refusal.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime
 
-from sqlalchemy import delete, insert
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, StatementError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.ids import new_id
 from receivers.store.records import Receipt, StoreFull, StoreUnavailable, StoreUnreachable
-from receivers.store.tables import ReceivedEvent
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +42,6 @@ TOO_MANY_CONNECTIONS = "53300"
 """Of that class, but about connections, not room: the store is unreachable then."""
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 MAX_REASON_LENGTH = 200
-PROBE_BYTES = 4096
-"""The probe's body: about a callback's, so that it needs room as a callback does."""
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -74,9 +66,9 @@ def refusal_of(exc: BaseException) -> StoreUnavailable | None:
         return exc
     cause = _driver_error(exc)
     if _is_full(cause):
-        return StoreFull(_reason(exc))
+        return StoreFull(reason(exc))
     if is_unavailable(exc) or getattr(cause, "sqlstate", None) == TOO_MANY_CONNECTIONS:
-        return StoreUnreachable(_reason(exc))
+        return StoreUnreachable(reason(exc))
     return None
 
 
@@ -95,7 +87,7 @@ def _is_full(cause: BaseException) -> bool:
     return isinstance(cause, OSError) and cause.errno in FULL_ERRNOS
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     """The driver's words on one line (never a statement or its parameters)."""
     cause = _driver_error(exc)
     if isinstance(cause, StatementError):
@@ -161,61 +153,3 @@ class StoreWritable:
                 refused = answer
         if refused is not None:
             self.failed(refused)
-
-
-EVENTS = ReceivedEvent.__table__  # type: ignore[attr-defined]
-
-
-async def probe_write(engine: AsyncEngine, now: datetime) -> None:
-    """Store an event row of a callback's size and delete it in the same transaction: raises
-    what a callback's write would raise now, keeps nothing, and no reader ever sees the row."""
-    event_id = new_id(now)
-    row = {
-        "id": event_id,
-        "source": "",
-        "kind": "",
-        "dedup_key": f"probe:{uuid.uuid4()}",
-        "received_at": now,
-        "payload": {},
-        "raw_body": bytes(PROBE_BYTES),
-        "method": "",
-        "duplicates": 0,
-    }
-    async with engine.begin() as conn:
-        await conn.execute(insert(EVENTS), [row])
-        await conn.execute(delete(EVENTS).where(EVENTS.c.id == event_id))
-
-
-class WriteProbe:
-    """:func:`probe_write`, one at a time (callers meanwhile share its outcome), which is noted
-    in ``writable``."""
-
-    def __init__(
-        self, engine: AsyncEngine, writable: StoreWritable, clock: Callable[[], datetime]
-    ) -> None:
-        self._engine = engine
-        self._writable = writable
-        self._clock = clock
-        self._running: asyncio.Task[None] | None = None
-
-    async def __call__(self) -> None:
-        """Probe (or wait for the probe under way); raises its error."""
-        if self._running is None or self._running.done():
-            self._running = asyncio.create_task(self._probe())
-            self._running.add_done_callback(_retrieved)
-        await asyncio.shield(self._running)
-
-    async def _probe(self) -> None:
-        try:
-            await probe_write(self._engine, self._clock())
-        except Exception as exc:
-            if not self._writable.failed(exc):  # no refusal: a fault of the probe's own
-                log.warning("the write probe failed: %s", _reason(exc))
-            raise
-        self._writable.succeeded()
-
-
-def _retrieved(task: asyncio.Task[None]) -> None:
-    """Mark a probe's error as seen: the checks that waited for it may have timed out."""
-    if not task.cancelled():
-        task.exception()
