@@ -18,13 +18,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from receivers.config import ReceiverConfig, source_prefix
-from receivers.handler import HookEndpoint
+from receivers.handler import HookEndpoint, store_problem
 from receivers.kinds import kinds_by_path
 from receivers.metrics import Metrics, ReceiverCounters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem
 from receivers.routing import ReceiverApp
-from receivers.store.records import AfterCommit, utc_now
+from receivers.store.probe import WriteProbe
+from receivers.store.records import AfterCommit, StoreFull, utc_now
 from receivers.store.writer import EventWriter
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def create_app(
     writer = EventWriter(
         engine, clock=clock, after_commit=after_commit, writer_process=config.writer_process
     )
+    probe = WriteProbe(engine, writer.writable, clock)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -88,12 +90,19 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        """Ready: the writer runs, and the database answers or, while the store refuses the
+        callbacks for being full, takes the probe's write (:mod:`receivers.store.writable`)."""
         if not writer.available:
             return _not_ready("The event writer is not running.")
+        writable = writer.writable
         try:
-            await asyncio.wait_for(_ping(engine), READY_TIMEOUT_SECONDS)
+            check = probe() if writable.full else _ping(engine)
+            await asyncio.wait_for(check, READY_TIMEOUT_SECONDS)
         except Exception as exc:
-            log.warning("readiness check failed: %s", type(exc).__name__)
+            if writable.full:
+                return store_problem(StoreFull()).response()
+            if not writable.failed(exc):
+                log.warning("readiness check failed: %s", type(exc).__name__)
             return _not_ready("The database is not reachable.")
         return JSONResponse({"status": "ready"})
 

@@ -17,13 +17,12 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.store import Coalescer, is_unavailable
+from receivers.store import Coalescer, StoreWritable, is_unavailable
 from relay import outbox
-from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
+from relay.breaker import DestinationHealth, after_outcome, hold_until
 from relay.destinations import Destination, Outbound, Outcome
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
 from relay.metrics import FAILED_ATTEMPT, GONE_ATTEMPT, SUCCEEDED_ATTEMPT, WorkerMetrics
-from relay.outage import Outage
 from relay.outbox import AttemptRecord, AttemptResult, Claim, Due
 from relay.policies import Policy, retry_after_bounded
 from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
@@ -123,8 +122,9 @@ class Deliverer:
     of its attempts waits at most half the lease margin for a slot, so no lease runs out before
     its attempt ends. The claims, records and releases of concurrent attempts share transactions
     (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics`` (a
-    private registry by default); the database's outages are told to ``database`` (the
-    worker's; one of its own by default)."""
+    private registry by default). A claim or record that the store refuses (full, unreachable)
+    is noted in ``writable`` (logged once, not per attempt): :meth:`attempt_many` leaves such a
+    delivery as SQL has it, for the sweeper to hand out again once the store takes writes."""
 
     def __init__(
         self,
@@ -137,9 +137,10 @@ class Deliverer:
         rng: random.Random | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         metrics: WorkerMetrics | None = None,
-        database: Outage | None = None,
+        writable: StoreWritable | None = None,
     ) -> None:
         self._engine = engine
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self._targets = targets
         self._policies = policies
         self._clock = clock
@@ -153,7 +154,6 @@ class Deliverer:
         )
         figures = metrics if metrics is not None else WorkerMetrics()
         self._figures = {name: figures.destination(name) for name in targets}
-        self._database = database if database is not None else Outage("database")
 
     async def attempt(self, delivery_id: str) -> Due | None:
         """Attempt the delivery if it is due and free; returns its next job, if it needs one.
@@ -176,9 +176,9 @@ class Deliverer:
         slots); returns the next jobs they need. They are claimed together, up front; an
         attempt that fails does not stop the others: the first such error is raised once all
         have finished. An attempt that the database's loss stopped (a connection terminated,
-        the server down) is not an error here: the outage is logged once (``database lost``,
-        then ``database back``) and its delivery waits in the database, due (or leased until
-        its lease ends), for the sweepers.
+        the server down) or that the store refused (full) is not an error here: it is noted in
+        ``writable``, which logs it once per outage, and its delivery waits in the database,
+        due (or leased until its lease ends), for the sweepers.
 
         A job must end within its lease (arq's job timeout), so an attempt that gets no slot
         within half the lease margin is not made here: its lease is given back and it comes
@@ -193,14 +193,12 @@ class Deliverer:
             ),
             return_exceptions=True,
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = [
+            r for r in results if isinstance(r, BaseException) and not self._writable.failed(r)
+        ]
         next_due = [due for r in results if isinstance(r, list) for due in r]
-        for error in errors:
-            if is_unavailable(error):
-                self._database.lost(error)
-        faults = [error for error in errors if not is_unavailable(error)]
-        if faults:
-            raise _with_next(faults[0], next_due)
+        if errors:
+            raise _with_next(errors[0], next_due)
         return next_due
 
     async def _attempt_by(self, claimed: Claim | BaseException, deadline: float) -> list[Due]:
@@ -277,7 +275,8 @@ class Deliverer:
             if releases:
                 await outbox.release_on(conn, releases)
             claims = list(await self._claim_on(conn, ids)) if ids else []
-        self._database.back()
+        if records:
+            self._writable.succeeded()
         return list(recorded), list(claims)
 
     async def _claim_on(self, conn: AsyncConnection, delivery_ids: list[str]) -> list[Claim | None]:
@@ -303,9 +302,11 @@ class Deliverer:
     async def _record_alone(self, record: AttemptRecord) -> Recorded | BaseException:
         try:
             async with self._engine.begin() as conn:
-                return (await self._record_on(conn, [record]))[0]
+                recorded = (await self._record_on(conn, [record]))[0]
         except Exception as exc:
             return exc
+        self._writable.succeeded()
+        return recorded
 
     async def _attempt(self, claimed: Claim, slot: Slot) -> list[Due]:
         """Attempt a claimed delivery in its ``slot``, which is freed once the answer is in
@@ -366,13 +367,11 @@ class Deliverer:
         started, outcome = sent
         delivery = claimed.delivery
         finished = max(self._clock(), started)
-        change: Callable[[DestinationHealth], DestinationHealth] | None
         next_at: datetime | None = None
         if outcome.ok:
             status = SUCCEEDED
-            change = after_success if claimed.health and _unhealthy(claimed.health) else None
         elif outcome.gone:
-            status, change = HELD, after_gone
+            status = HELD
         else:
             schedule_attempts = delivery.attempts + 1 - delivery.schedule_base
             first = delivery.first_attempt_at or started
@@ -383,10 +382,7 @@ class Deliverer:
                 if deadline is not None and next_at > deadline:
                     next_at = None
             status = PENDING if next_at is not None else DEAD
-
-            def change(health: DestinationHealth) -> DestinationHealth:
-                return after_failure(health, policy, finished)
-
+        change = _health_change(outcome, policy, finished, claimed.health)
         figures = self._figures[delivery.destination]
         figures.attempted(_attempt_outcome(outcome), outcome.duration_ms / 1000)
         result = AttemptResult(
@@ -401,7 +397,11 @@ class Deliverer:
         )
         assert isinstance(recorded, Recorded)
         if not recorded.owned:
-            log.warning("lease of delivery %s expired during its attempt", delivery.id)
+            log.warning(
+                "lease of delivery %s was lost during its attempt (it expired, or an operator "
+                "gave the delivery up): the attempt is not recorded",
+                delivery.id,
+            )
             return []
         if status == SUCCEEDED:
             figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
@@ -486,6 +486,23 @@ def _health(row: Any) -> DestinationHealth:
 
 def _unhealthy(row: Any) -> bool:
     return bool(row.consecutive_failures or row.paused_until or row.disabled)
+
+
+def _health_change(
+    outcome: Outcome, policy: Policy, finished: datetime, row: Any
+) -> Callable[[DestinationHealth], DestinationHealth] | None:
+    """How the attempt changes its destination's health (:func:`after_outcome`), or None when
+    it cannot change it: a success at a healthy destination, a failure of this message alone.
+    None spares the health row a write."""
+    if outcome.ok and not (row is not None and _unhealthy(row)):
+        return None
+    if not (outcome.ok or outcome.gone or outcome.down):
+        return None
+
+    def change(health: DestinationHealth) -> DestinationHealth:
+        return after_outcome(health, outcome, policy, finished)
+
+    return change
 
 
 def _on_rows(

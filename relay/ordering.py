@@ -56,6 +56,19 @@ def free_to_go() -> ColumnElement[bool]:
     return or_(DELIVERIES.c.order_key.is_(None), ~or_(unfinished_ahead, unrouted_earlier))
 
 
+def waiting_behind(delivery: Any) -> ColumnElement[bool]:
+    """For a row of ``deliveries``: whether it is unfinished and behind ``delivery`` (a row
+    with its destination, order key, arrival and event id) in that delivery's line."""
+    return and_(
+        DELIVERIES.c.destination == delivery.destination,
+        DELIVERIES.c.order_key == delivery.order_key,
+        DELIVERIES.c.status.in_(UNFINISHED),
+        _before(
+            delivery.arrived_at, delivery.event_id, DELIVERIES.c.arrived_at, DELIVERIES.c.event_id
+        ),
+    )
+
+
 def first_in_line(lines: Sequence[tuple[str, str]]) -> Select[Any]:
     """The first unfinished delivery of each (destination, order key) line: its line, id,
     attempts, status, next attempt and lease."""

@@ -19,18 +19,17 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
-from receivers import DEFAULT_SOURCE, create_app
+from receivers import create_app
 from receivers.config import ReceiverConfig
-from receivers.store import create_engine, utc_now
+from receivers.store import StoreWritable, create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
 from relay import migrate
-from relay.bootstrap import generated_token, token_source
 from relay.console.access import ConsoleAccess, console_access, mount_console
+from relay.default_source import GeneratedToken, served_sources
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
 from relay.jobs import JobQueue, open_pool
 from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
-from relay.outage import Outage
-from relay.outbox import Due
+from relay.outbox import RELAY_WRITES, Due
 from relay.queue_connection import QueueConnection, queue_lost
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
@@ -44,27 +43,25 @@ class Runtime:
     settings: Settings
     engine: AsyncEngine
     receiver_config: ReceiverConfig
-    generated_token: str | None
+    generated: GeneratedToken | None
+    """The default source's generated token, when the database keeps one."""
     console: ConsoleAccess | None = None
     refused: SettingsError | None = None
     """Why the app's start failed, when a destination can never deliver (`relay serve` reports
     it as any settings error, instead of the server's traceback)."""
 
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
-        """The ASGI app to serve: receivers whose commits are routed and relayed."""
-        database = Outage("database")
-        hook = RoutingHook(self.engine, router_for(self.settings), clock, database)
+        """The ASGI app to serve: receivers whose commits are routed and relayed. The relay's
+        parts in it (hook, embedded worker, console) share one :class:`StoreWritable`."""
+        writable = StoreWritable(RELAY_WRITES)
+        hook = RoutingHook(self.engine, router_for(self.settings), clock, writable)
         metrics = serve_metrics(self.engine, self.settings.destinations, clock)
 
         @contextlib.asynccontextmanager
         async def relay() -> AsyncIterator[None]:
             try:
                 async with relay_queue(
-                    self.settings,
-                    self.engine,
-                    clock,
-                    registry=metrics.registry,
-                    database=database,
+                    self.settings, self.engine, clock, registry=metrics.registry, writable=writable
                 ) as queue:
                     hook.queue = queue
                     yield
@@ -86,7 +83,16 @@ class Runtime:
                 if hook.queue is not None:
                     await hook.queue.enqueue(due)
 
-            mount_console(app, self.console, self.settings, self.engine, enqueue, clock)
+            mount_console(
+                app,
+                self.console,
+                self.settings,
+                self.engine,
+                enqueue,
+                clock,
+                sources=list(self.receiver_config.sources),
+                writable=writable,
+            )
         return app
 
 
@@ -97,12 +103,13 @@ async def relay_queue(
     clock: Callable[[], datetime],
     *,
     registry: CollectorRegistry | None = None,
-    database: Outage | None = None,
+    writable: StoreWritable | None = None,
 ) -> AsyncIterator[JobQueue]:
     """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
     worker running in this event loop, recording in ``registry`` (the server's) and telling
-    the database's outages to ``database``. Its connection's state is ``relay_queue_connected``
-    in ``registry``; a lost Redis is waited out (:mod:`relay.queue_connection`)."""
+    ``writable`` (the server's state of the relay's writes) how its writes went. Its
+    connection's state is ``relay_queue_connected`` in ``registry``; a lost Redis is waited out
+    (:mod:`relay.queue_connection`)."""
     if settings.redis_url:
         pool = await open_pool(settings.redis_url)
         connection = QueueConnection(pool, registry=registry)
@@ -123,7 +130,7 @@ async def relay_queue(
         handle_signals=False,
         metrics=WorkerMetrics(registry),
         started=started,
-        database=database,
+        writable=writable,
     )
     assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
@@ -243,13 +250,9 @@ async def start(settings: Settings) -> Runtime:
         await prepare_database(engine)
         if settings.redis_url:
             await (await open_pool(settings.redis_url)).aclose()
-        token = None
-        sources = dict(settings.sources)
-        if not sources:
-            token = await generated_token(engine)
-            sources = {DEFAULT_SOURCE: token_source(token)}
+        served = await served_sources(settings.sources, engine)
         config = ReceiverConfig(
-            sources=sources,
+            sources=served.sources,
             max_body_bytes=settings.max_body_bytes,
             trusted_proxies=tuple(settings.trusted_proxies),
             writer_process=settings.writer_process,
@@ -258,7 +261,7 @@ async def start(settings: Settings) -> Runtime:
     except BaseException:
         await engine.dispose()
         raise
-    return Runtime(settings, engine, config, token, console)
+    return Runtime(settings, engine, config, served.generated, console)
 
 
 async def run_worker(

@@ -13,15 +13,15 @@ from arq.connections import ArqRedis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
-from receivers.store import is_unavailable
+from receivers.store import StoreWritable
 from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import Destination, build_destination, new_http_client
 from relay.destinations.errors import DestinationRefused
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
-from relay.outage import Outage
 from relay.outbox import EventRef
+from relay.pruner import Pruner
 from relay.queue_connection import QueueConnection
 from relay.router import Router
 from relay.settings import Settings, SettingsError
@@ -41,21 +41,21 @@ class RoutingHook:
     If it fails (or the process dies first), the events stay unrouted in SQL and the sweeper
     routes them: the hook is the fast path, never the only one. So an outage is no error here:
     while the queue's Redis is lost the deliveries are only routed (the sweepers enqueue them
-    once it is back), and while the database is lost the events stay unrouted; each outage is
-    two lines in the log (its ``lost`` and ``back``), told to ``database`` (the process's; one of
-    its own by default) and to the queue's connection."""
+    once it is back), and while the store refuses writes (full, unreachable) the events stay
+    unrouted; ``writable`` (the process's state of the relay's writes) and the queue's
+    connection log each outage once, not per call."""
 
     def __init__(
         self,
         engine: AsyncEngine,
         router: Router,
         clock: Callable[[], datetime],
-        database: Outage | None = None,
+        writable: StoreWritable | None = None,
     ) -> None:
         self._engine = engine
         self._router = router
         self._clock = clock
-        self._database = database if database is not None else Outage("database")
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self.queue: JobQueue | None = None
         """Attached once the queue is connected (in the app's lifespan)."""
 
@@ -64,11 +64,10 @@ class RoutingHook:
         try:
             due = await outbox.route_events(self._engine, self._router, refs, self._clock())
         except Exception as exc:
-            if not is_unavailable(exc):
-                raise
-            self._database.lost(exc)
-            return
-        self._database.back()
+            if self._writable.failed(exc):
+                return  # the sweeper routes them once the store takes writes again
+            raise
+        self._writable.succeeded()
         if self.queue is not None:
             await self.queue.enqueue(due)
 
@@ -82,6 +81,8 @@ class WorkerServices:
     sweeper: Sweeper
     http_client: httpx.AsyncClient
     targets: dict[str, Target]
+    pruner: Pruner | None = None
+    """Applies ``retention`` in the background; None while it is not set."""
 
     async def start(self) -> None:
         """Start every destination, all at once, waiting at most :data:`START_WAIT_SECONDS`
@@ -130,13 +131,14 @@ def worker_services(
     *,
     metrics: WorkerMetrics | None = None,
     connection: QueueConnection | None = None,
-    database: Outage | None = None,
+    writable: StoreWritable | None = None,
 ) -> WorkerServices:
     """Build the destinations and the deliverer of one worker; its deliverer and sweeper
     record in ``metrics`` (a private registry by default), and tell the outages they meet to
-    ``connection`` (the queue's) and ``database`` (the process's; new ones by default)."""
+    ``connection`` (the queue's) and ``writable`` (the process's state of the relay's writes);
+    new ones by default."""
+    writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
     metrics = metrics if metrics is not None else WorkerMetrics()
-    database = database if database is not None else Outage("database")
     http_client = new_http_client(limits=HTTP_LIMITS)
     targets = {
         name: Target(build_destination(name, config, http_client=http_client), config.timeout)
@@ -151,7 +153,7 @@ def worker_services(
         lease=lease_for(settings),
         concurrency=settings.worker_concurrency,
         metrics=metrics,
-        database=database,
+        writable=writable,
     )
     sweeper = Sweeper(
         engine,
@@ -160,6 +162,9 @@ def worker_services(
         clock=clock,
         interval=settings.sweep_interval,
         metrics=metrics,
-        database=database,
+        writable=writable,
     )
-    return WorkerServices(deliverer, queue, sweeper, http_client, targets)
+    pruner = (
+        Pruner(engine, settings.retention, clock=clock) if settings.retention is not None else None
+    )
+    return WorkerServices(deliverer, queue, sweeper, http_client, targets, pruner)

@@ -7,7 +7,7 @@ Both steps are idempotent, so several sweepers (one per worker) may run at once.
 
 It waits while the queue's Redis is lost and sweeps as soon as it is back: what Redis lost (a
 restart without persistence, jobs whose enqueue failed meanwhile) is re-enqueued then. A sweep
-that the database's loss fails is logged once per outage (:class:`~relay.outage.Outage`).
+that the store refuses is logged once per outage (:class:`~receivers.store.StoreWritable`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from receivers.store import is_unavailable
+from receivers.store import StoreWritable, WriteProbe
 from relay import outbox
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
-from relay.outage import Outage
 from relay.outbox import Due
 from relay.queue_connection import QueueUnavailable
 from relay.router import Router
@@ -47,8 +46,11 @@ class SweepReport:
 
 class Sweeper:
     """Runs :meth:`sweep` at start-up, then every ``interval`` and whenever the queue is back
-    after an outage; each run is counted in ``metrics`` (a private registry by default). The
-    database's outages are told to ``database`` (the worker's; one of its own by default)."""
+    after an outage; each run is counted in ``metrics`` (a private registry by default). A sweep
+    that fails because the store refuses writes is noted in ``writable`` (logged once, not per
+    sweep) and done again next time; while the store refuses the relay's writes, each sweep
+    tries the probe first (an idle relay has nothing else to find out with that the store takes
+    them again)."""
 
     def __init__(
         self,
@@ -59,16 +61,17 @@ class Sweeper:
         clock: Callable[[], datetime],
         interval: timedelta,
         metrics: WorkerMetrics | None = None,
-        database: Outage | None = None,
+        writable: StoreWritable | None = None,
     ) -> None:
         self._engine = engine
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
+        self._probe = WriteProbe(engine, self._writable, clock)
         self._router = router
         self._queue = queue
         self._clock = clock
         self._interval = interval
         self._scan_from: datetime | None = None  # None: scan every stored event (first sweep)
         self._metrics = metrics if metrics is not None else WorkerMetrics()
-        self._database = database if database is not None else Outage("database")
         self._queue_back = asyncio.Event()
 
     async def sweep(self) -> SweepReport:
@@ -94,6 +97,7 @@ class Sweeper:
                 self._scan_from = before - SCAN_OVERLAP  # everything older is routed
                 break
             due = await outbox.route_events(self._engine, self._router, events, now)
+            self._writable.succeeded()
             enqueued += await self._enqueue(due)
             routed += len(events)
         now, last = self._clock(), None
@@ -117,13 +121,16 @@ class Sweeper:
     async def run(self) -> None:
         """Sweep forever (cancel to stop): at once, then every ``interval``, and at once when
         the queue is back after an outage (it waits meanwhile). A sweep that fails is tried
-        again at the next of those: the database's outages are logged once each
-        (``database lost`` / ``database back``), another error with its traceback."""
+        again at the next of those: the store's refusals are logged once each (``writable``),
+        another error with its traceback."""
         connection = self._queue.connection
         connection.on_back(self._queue_back.set)
         while True:
             await connection.until_connected()
             self._queue_back.clear()
+            if self._writable.refusal is not None:
+                with contextlib.suppress(Exception):  # the probe notes its outcome
+                    await self._probe()
             try:
                 await self.sweep()
             except asyncio.CancelledError:
@@ -131,12 +138,8 @@ class Sweeper:
             except QueueUnavailable:
                 pass  # the queue's connection said so: the sweep is run again once it is back
             except Exception as exc:
-                if is_unavailable(exc):
-                    self._database.lost(exc)
-                else:
+                if not self._writable.failed(exc):
                     log.exception("sweep failed; retrying in %s", self._interval)
-            else:
-                self._database.back()
             if not connection.connected:
                 continue
             with contextlib.suppress(TimeoutError):

@@ -24,11 +24,11 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.event_loop import LoopName, loop_name
+from receivers.store import StoreWritable
 from relay.delivery import AttemptsFailed
 from relay.destinations.errors import describe_error, without_credentials
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
 from relay.metrics import WorkerMetrics
-from relay.outage import Outage
 from relay.outbox import Due
 from relay.queue_connection import QueueConnection, queue_lost
 from relay.services import WorkerServices, lease_for, worker_services
@@ -94,21 +94,23 @@ def build_worker(
     metrics: WorkerMetrics | None = None,
     started: asyncio.Future[None] | None = None,
     connection: QueueConnection | None = None,
-    database: Outage | None = None,
+    writable: StoreWritable | None = None,
 ) -> RelayWorker:
-    """An arq worker for the relay queue; its sweeper runs from start-up to shutdown. Its
-    attempts and sweeps are recorded in ``metrics`` (a private registry by default), as is the
-    state of its ``connection`` to the queue (``relay_queue_connected``; a new one by default,
-    the worker's ``connection``, stopped at shutdown). The database's outages are told to
-    ``database`` (a new one by default). ``started`` is resolved once its destinations have
+    """An arq worker for the relay queue; its sweeper (and, with ``retention``, its pruner)
+    runs from start-up to shutdown. Its attempts and sweeps are recorded in ``metrics`` (a
+    private registry by default), as is the state of its ``connection`` to the queue
+    (``relay_queue_connected``; a new one by default, the worker's ``connection``, stopped at
+    shutdown). ``writable``: the process's state of its writes to the store
+    (:mod:`receivers.store.writable`). ``started`` is resolved once its destinations have
     started, or set to the error that stopped them (a destination that can never deliver)."""
     sweeper_task: asyncio.Task[None] | None = None
+    pruner_task: asyncio.Task[None] | None = None
     figures = metrics if metrics is not None else WorkerMetrics()
     if connection is None:
         connection = QueueConnection(pool, registry=figures.registry)
 
     async def startup(ctx: dict[str, Any]) -> None:
-        nonlocal sweeper_task
+        nonlocal sweeper_task, pruner_task
         services = worker_services(
             settings,
             engine,
@@ -116,7 +118,7 @@ def build_worker(
             clock,
             metrics=figures,
             connection=connection,
-            database=database,
+            writable=writable,
         )
         ctx[SERVICES] = services
         try:
@@ -128,13 +130,16 @@ def build_worker(
         if started is not None:
             started.set_result(None)
         sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
+        if services.pruner is not None:
+            pruner_task = asyncio.create_task(services.pruner.run(), name="relay-pruner")
         log.info(started_line(settings, loop_name(asyncio.get_running_loop())))
 
     async def shutdown(ctx: dict[str, Any]) -> None:
-        if sweeper_task is not None:
-            sweeper_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper_task
+        for task in (sweeper_task, pruner_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         services: WorkerServices | None = ctx.get(SERVICES)
         if services is not None:
             await services.aclose()

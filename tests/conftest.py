@@ -44,6 +44,8 @@ TABLES = (
     "received_events",
     "rejected_bodies",
     "relay_instance_settings",
+    "console_sessions",
+    "console_login_throttle",
 )
 
 

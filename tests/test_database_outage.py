@@ -1,6 +1,7 @@
 """The database lost and back: the sweeper, the deliverer and the after-commit hook keep going,
-say so once per outage (``database lost: <reason>``, ``database back after <duration>``) instead
-of a traceback per call, and what they could not do waits in the database until it is back.
+say so once per outage (``the store refuses the relay's writes: it is unavailable (<reason>)``,
+``the store takes the relay's writes again after <duration>``) instead of a traceback per call,
+and what they could not do waits in the database until it is back.
 
 The outage is real: the machine's PostgreSQL behind a gate (a TCP proxy) that the test closes
 (every connection cut, new ones refused) and opens again. PostgreSQL only: a SQLite file cannot
@@ -97,10 +98,13 @@ async def gated(postgres_url: str) -> AsyncIterator[Gated]:
 
 
 def database_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The relay's lines about the store: ``database lost`` (it refuses the relay's writes) and
+    ``database back`` (it takes them again)."""
+    told = {"refuses": "database lost", "takes": "database back"}
     return [
-        r.getMessage().split(":")[0].split(" after ")[0]
+        told[r.getMessage().split()[2]]
         for r in caplog.records
-        if r.name == "relay.outage" and r.levelno >= logging.INFO
+        if r.name == "receivers.store.writable" and r.levelno >= logging.INFO
     ]
 
 

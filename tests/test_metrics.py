@@ -134,7 +134,7 @@ async def test_deliveries_to_a_real_sink_count_attempts_durations_and_lag(
 async def test_store_gauges_follow_failures_pauses_410_and_dead_deliveries(
     engine: AsyncEngine, clock: Clock, sink: Sink, workers: list[Worker]
 ) -> None:
-    sink.answers = {"/crm": Answer(500), "/gone": Answer(410), "/once": Answer(500)}
+    sink.answers = {"/crm": Answer(503), "/gone": Answer(410), "/once": Answer(500)}
     worker = Worker(
         engine,
         {

@@ -351,7 +351,12 @@ async def test_postgresql_connections_terminated_lose_nothing(deployment: Deploy
     assert len(deployment.acked) == 150
     deployment.assert_alive()
     for process in (deployment.serve, deployment.worker):
-        await eventually(lambda p=process: p.count("database lost: ") == p.count("database back"))
+        await eventually(
+            lambda p=process: (
+                p.count("the store refuses the relay's writes")
+                == p.count("the store takes the relay's writes again")
+            )
+        )
     worker = deployment.worker.text()
     assert "Traceback" not in worker, worker
     assert "after-commit hook failed" not in deployment.serve.text()

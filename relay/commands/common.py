@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from sqlalchemy.exc import DBAPIError
 
-from receivers.store import create_engine, sqlite_file
+from receivers.store import StoreFull, create_engine, refusal_of, sqlite_file
 from relay import outbox
 from relay.destinations.errors import without_credentials
 from relay.jobs import JobQueue, open_pool
@@ -42,7 +43,8 @@ def run(
     coroutine: Coroutine[Any, Any, T],
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> T:
-    """Run a coroutine for a command; configuration and connection errors exit cleanly."""
+    """Run a coroutine for a command; configuration and connection errors, and a full store,
+    exit cleanly."""
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(coroutine)
@@ -50,6 +52,11 @@ def run(
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot reach the database: {exc}") from None
+    except DBAPIError as exc:
+        refusal = refusal_of(exc)
+        if not isinstance(refusal, StoreFull):
+            raise
+        raise click.ClickException(f"the store is full and refuses writes: {refusal}") from None
 
 
 async def with_engine(

@@ -20,6 +20,7 @@ from relay.console.filters import (
     page_cursor,
     query_string,
 )
+from relay.console.health import Recent, problems
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, query, see_other
 from relay.tables import DEAD, DELIVERY_STATUSES, HELD, PENDING
@@ -36,6 +37,7 @@ NOTICES = {
     "enabled": "Enabled: held deliveries are due now.",
     "disabled": "Disabled: its deliveries are held until it is enabled.",
     "nothing": "Nothing matched: nothing was replayed.",
+    "given-up": "Given up: the delivery is dead now, and the next of its line goes.",
 }
 """What an action's redirect may show (a code from this table, never text from the URL)."""
 
@@ -113,6 +115,7 @@ async def destinations(console: Console, request: Request, operator: Operator) -
         counts.get(row.destination, {})[row.status] = row.count
     states = {row.name: row for row in health_rows}
     history = await queries.destination_health(console.engine, now)
+    recent = await queries.recent_outcomes(console.engine, now)
     rows: list[dict[str, Any]] = []
     for name in console.destinations:
         state = states.get(name)
@@ -128,6 +131,7 @@ async def destinations(console: Console, request: Request, operator: Operator) -
                 "name": name,
                 "target": console.targets.get(name),
                 "breaker": BREAKER_NAMES[breaker_state(health, now)],
+                "problems": problems(health, recent.get(name, Recent()), now),
                 "state": state,
                 "counts": counts[name],
                 "attempts": attempts,

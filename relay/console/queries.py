@@ -18,8 +18,10 @@ from sqlalchemy.sql import Select
 
 from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
-from relay.ordering import order_flags
+from relay.console.health import RECENT, Recent
+from relay.ordering import order_flags, waiting_behind
 from relay.outbox import ATTEMPTS, DELIVERIES
+from relay.tables import DEAD, PENDING
 
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
@@ -138,6 +140,22 @@ async def deliveries_page(engine: AsyncEngine, where: DeliveryFilter) -> Page:
     )
 
 
+async def delivery_in_line(engine: AsyncEngine, delivery_id: str) -> tuple[Row[Any], int] | None:
+    """A delivery with its event's kind and platform id, and how many later deliveries of its
+    per-key line wait behind it (what giving it up lets go)."""
+    query = select(DELIVERIES, EVENTS.c.kind, EVENTS.c.platform_id, EVENTS.c.received_at).join(
+        EVENTS, EVENTS.c.id == DELIVERIES.c.event_id
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query.where(DELIVERIES.c.id == delivery_id))).first()
+        if row is None:
+            return None
+        if row.order_key is None:
+            return row, 0
+        behind = select(func.count()).select_from(DELIVERIES).where(waiting_behind(row))
+        return row, int(await conn.scalar(behind) or 0)
+
+
 async def count_deliveries(engine: AsyncEngine, where: DeliveryFilter) -> int:
     """How many deliveries match ``where`` (the bulk replay's confirmation)."""
     query = select(func.count()).select_from(DELIVERIES).where(*_delivery_conditions(where))
@@ -152,6 +170,32 @@ def _delivery_conditions(where: DeliveryFilter) -> list[Any]:
     if where.destination:
         conditions.append(DELIVERIES.c.destination == where.destination)
     return conditions + _time_range(DELIVERIES.c.created_at, where.since, where.until)
+
+
+async def recent_outcomes(engine: AsyncEngine, now: datetime) -> dict[str, Recent]:
+    """Per destination, among the deliveries attempted within :data:`RECENT` before ``now``
+    (found through the attempts' time index, as the chart's are): those dead since, and those
+    pending after a failed attempt (attempted since their last replay)."""
+    since = now - RECENT
+    dead = and_(DELIVERIES.c.status == DEAD, DELIVERIES.c.finished_at >= since)
+    retrying = and_(
+        DELIVERIES.c.status == PENDING, DELIVERIES.c.attempts > DELIVERIES.c.schedule_base
+    )
+    query = (
+        select(
+            DELIVERIES.c.destination,
+            func.count(func.distinct(case((dead, DELIVERIES.c.id)))),
+            func.count(func.distinct(case((retrying, DELIVERIES.c.id)))),
+        )
+        .join(DELIVERIES, DELIVERIES.c.id == ATTEMPTS.c.delivery_id)
+        .where(ATTEMPTS.c.started_at > since, DELIVERIES.c.status.in_([DEAD, PENDING]))
+        .group_by(DELIVERIES.c.destination)
+    )
+    async with engine.connect() as conn:
+        return {
+            name: Recent(dead=int(dead_count), retrying=int(retrying_count))
+            for name, dead_count, retrying_count in await conn.execute(query)
+        }
 
 
 async def destination_health(engine: AsyncEngine, now: datetime) -> dict[str, list[HealthBucket]]:
