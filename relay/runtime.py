@@ -50,6 +50,14 @@ class Runtime:
     """Why the app's start failed, when a destination can never deliver (`relay serve` reports
     it as any settings error, instead of the server's traceback)."""
 
+    def generated_secrets(self) -> list[str]:
+        """The secrets this installation generated and keeps in its database: the default
+        source's token, the console's session key and password (those in use)."""
+        console = self.console
+        generated = [self.generated.token if self.generated is not None else None]
+        generated += [console.key, console.generated_password] if console is not None else []
+        return [secret for secret in generated if secret is not None]
+
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
         """The ASGI app to serve: receivers whose commits are routed and relayed. The relay's
         parts in it (hook, embedded worker, console) share one :class:`StoreWritable`."""

@@ -21,6 +21,7 @@ from relay.connection_guard import ConnectionGuard, EdgeLimits
 from relay.console.access import GENERATED_USER, ConsoleAccess
 from relay.console.web import CONSOLE_PATH
 from relay.default_source import GeneratedToken, TokenUse
+from relay.known_secrets import KnownSecrets
 from relay.runtime import Runtime, start
 from relay.settings import Settings
 
@@ -42,10 +43,19 @@ CONNECTIONS_WITHOUT_LIMIT = 10_000
 
 
 async def serve(
-    settings: Settings, host: str, port: int, log_level: str = "info", *, access_log: bool = True
+    settings: Settings,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    *,
+    access_log: bool = True,
+    secrets: KnownSecrets | None = None,
 ) -> None:
-    """Serve until interrupted."""
+    """Serve until interrupted; the values the installation generated are added to the
+    ``secrets`` its logs mask."""
     runtime = await start(settings)
+    if secrets is not None:
+        secrets.add(*runtime.generated_secrets())
     try:
         if runtime.generated is not None:
             print_generated_token(runtime.generated, list(settings.sources), host, port)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import socket
 from urllib.parse import urlsplit
 
+from relay.log_redaction import redact
+
 MAX_ERROR_LENGTH = 200
-USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 
 class DestinationRefused(Exception):
@@ -30,7 +30,7 @@ def describe_error(exc: BaseException) -> str:
             return "name resolution failed"
         if isinstance(cause, TimeoutError):
             return "timeout"
-    text = USERINFO.sub("", _text(exc)).strip()
+    text = redact(_text(exc)).strip()  # a client's error may quote the URL it was given
     described = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return storable(described)[:MAX_ERROR_LENGTH]
 
