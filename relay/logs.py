@@ -25,8 +25,10 @@ LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 CONTEXT_FIELDS = ("event_id", "delivery_id", "destination", "attempt", "status_code", "user")
 """The ``extra`` fields a record about a delivery may carry, in the order they are shown."""
-QUIET_LOGGERS = ("alembic",)
-"""Loggers shown from WARNING up only (alembic tells every migration step at INFO)."""
+QUIET_LOGGERS = ("alembic", "aiosqlite")
+"""Loggers shown from WARNING up only: alembic tells every migration step at INFO, aiosqlite
+every database call at DEBUG, with its parameters (the events' personal data, the secrets an
+installation generates)."""
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SCALARS = (bool, int, float, type(None))
 """Context values a JSON line keeps as they are; any other is printed as its masked text."""

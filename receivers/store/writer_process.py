@@ -437,6 +437,7 @@ class WriterConnection:
             sqlalchemy.URL.create("sqlite", database=database),  # the path as given, not re-parsed
             json_serializer=json_text,
             connect_args={"timeout": CONNECT_TIMEOUT_SECONDS},
+            hide_parameters=True,  # as create_engine: no event's data in an error's text
         )
         event.listen(self._engine, "connect", _writer_pragmas)
         event.listen(self._engine, "begin", _begin)
