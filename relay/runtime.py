@@ -26,7 +26,11 @@ from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
 from relay import migrate
 from relay.console.access import ConsoleAccess, console_access, mount_console
 from relay.default_source import GeneratedToken, served_sources
-from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, without_credentials
+from relay.destinations.errors import (
+    MAX_ERROR_LENGTH,
+    database_address,
+    describe_error,
+)
 from relay.jobs import JobQueue, open_pool
 from relay.metrics import WorkerMetrics, metrics_server, serve_metrics
 from relay.outbox import RELAY_WRITES, Due
@@ -188,7 +192,7 @@ async def connect_database(engine: AsyncEngine) -> None:
     opened with the standard library first: a file that cannot be opened then never reaches the
     async driver, whose thread would report it to an event loop that may be closed by then
     (a traceback of that thread after the one-line error)."""
-    where = without_credentials(engine.url.render_as_string(hide_password=True))
+    where = database_address(engine.url)
     path = sqlite_file(engine)
     try:
         if path is not None:

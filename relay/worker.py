@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.event_loop import LoopName, loop_name
 from receivers.store import StoreWritable
 from relay.delivery import AttemptsFailed
-from relay.destinations.errors import describe_error, without_credentials
+from relay.destinations.errors import database_address, describe_error, without_credentials
 from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
 from relay.metrics import WorkerMetrics
 from relay.outbox import Due
@@ -78,7 +78,7 @@ def started_line(settings: Settings, loop: LoopName) -> str:
     )
     return (
         f"relay worker started: destinations {destinations or 'none'}; queue {queue}; "
-        f"database {without_credentials(settings.database_url)}; "
+        f"database {database_address(settings.database_url)}; "
         f"concurrency {settings.worker_concurrency}; event loop {loop}"
     )
 

@@ -18,6 +18,8 @@ from click.testing import CliRunner
 from relay.cli import main
 from relay.known_secrets import KnownSecrets
 from relay.logs import configure_logging
+from relay.settings import Settings
+from relay.worker import started_line
 from tests.conftest import TOKEN
 from tests.store_support import child_environment
 from tests.support import free_port
@@ -198,6 +200,17 @@ def test_a_secret_too_short_to_mask_is_named_once_at_start_without_its_value(
         and "WARNING relay.logs: the secret in destinations.rabbit.url" in (warned[0])
     )
     assert "guest" not in warned[0]
+
+
+def test_the_worker_start_line_shows_the_database_without_any_of_its_password() -> None:
+    settings = Settings(
+        database_url="postgresql://relay:pa55/word?x#y@db.internal:5432/relay?sslmode=require",
+        redis_url="redis://:redis-pa55word@redis.internal:6379/0",
+    )
+    line = started_line(settings, "asyncio")
+    assert "database postgresql://db.internal:5432/relay;" in line
+    assert "queue Redis at redis://redis.internal:6379/0;" in line
+    assert "pa55" not in line and "word" not in line
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -5,6 +5,9 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
 from relay.log_redaction import redact
 
 MAX_ERROR_LENGTH = 200
@@ -39,6 +42,17 @@ def without_credentials(url: str) -> str:
     """``url`` to show: without user, password, query or fragment (where secrets go)."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def database_address(url: str | URL) -> str:
+    """A database URL to show, without user, password or query, read as SQLAlchemy reads it:
+    its password may hold ``/``, ``?`` or ``#``, where :func:`without_credentials` would end
+    the userinfo and show the rest."""
+    try:
+        parsed = url if isinstance(url, URL) else make_url(url)
+    except ArgumentError:
+        return without_credentials(str(url))
+    return without_credentials(parsed.render_as_string(hide_password=True))
 
 
 def storable(text: str) -> str:
