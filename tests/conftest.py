@@ -9,9 +9,10 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import asyncpg
 import httpx
@@ -229,10 +230,12 @@ def _start_private_redis(
     *,
     port: int | None = None,
     options: Sequence[str] = NO_PERSISTENCE,
+    password: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``redis-server`` on a free loopback port (or on ``port``), with ``options``, answering
     PING; a few free ports are tried (another process may take the probed one before the server
-    binds it)."""
+    binds it). With a ``password``, the server requires it (``requirepass``) and the URL holds
+    it."""
     problems = []
     for attempt in range(3 if port is None else 1):
         chosen = port if port is not None else free_port()
@@ -248,17 +251,21 @@ def _start_private_redis(
                     *options,
                     "--dir",
                     str(workdir),
+                    *(["--requirepass", password] if password else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        client = redis_sync.Redis(host="127.0.0.1", port=chosen, socket_connect_timeout=0.5)
+        client = redis_sync.Redis(
+            host="127.0.0.1", port=chosen, password=password, socket_connect_timeout=0.5
+        )
         deadline = time.monotonic() + PRIVATE_REDIS_START_TIMEOUT_S
         try:
             while process.poll() is None and time.monotonic() < deadline:
                 try:
                     if client.ping():
-                        return process, f"redis://127.0.0.1:{chosen}/0"
+                        userinfo = f":{quote(password, safe='')}@" if password else ""
+                        return process, f"redis://{userinfo}127.0.0.1:{chosen}/0"
                 except (RedisError, OSError):
                     time.sleep(0.05)
         finally:
@@ -273,17 +280,26 @@ def _start_private_redis(
     )
 
 
-@pytest.fixture
-def private_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Redis server of this test's own (``redis-server`` on a free port, nothing saved), for
-    tests that FLUSHALL: the machine's Redis is shared. Missing ``redis-server``: fails under
-    CI=true, skipped otherwise."""
+@contextmanager
+def private_redis(workdir: Path, password: str | None = None) -> Iterator[str]:
+    """The URL of a Redis server of the caller's own (``redis-server`` on a free port, nothing
+    saved, its files in ``workdir``; requiring ``password`` if given), stopped afterwards.
+    Missing ``redis-server``: fails under CI=true, skipped otherwise."""
     binary = shutil.which("redis-server")
     if binary is None:
         service_missing("redis-server (for a private Redis)", FileNotFoundError("redis-server"))
     assert binary is not None
-    process, url = _start_private_redis(binary, tmp_path_factory.mktemp("redis"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    process, url = _start_private_redis(binary, workdir, password=password)
     try:
         yield url
     finally:
         stop_process(process)
+
+
+@pytest.fixture
+def private_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this test's own, for tests that FLUSHALL: the machine's Redis is
+    shared (see :func:`private_redis`)."""
+    with private_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
