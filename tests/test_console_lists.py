@@ -7,6 +7,7 @@ pages follow each other by a cursor, and no list reads a stored body.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from alembic import command
+from click.testing import CliRunner
 from sqlalchemy import event, insert, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -27,11 +29,12 @@ from receivers.store import ReceivedEvent, RejectedBody, create_engine
 from receivers.store import queries as store_queries
 from relay import inspect as relay_inspect
 from relay import migrate
+from relay.cli import main
 from relay.console import queries
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
 from relay.outbox import DELIVERIES
 from relay.tables import DEAD
-from tests.conftest import create_postgres_database, drop_postgres_database
+from tests.conftest import TOKEN, create_postgres_database, drop_postgres_database
 from tests.console_support import ConsoleClient, console_client
 from tests.relay_support import START, Clock
 
@@ -451,3 +454,67 @@ async def test_counts_read_an_index_and_no_table(engine: AsyncEngine) -> None:
         lines = await plan(engine, lambda where=where: queries.count_deliveries(engine, where))
         text = "\n".join(lines)
         assert "Seq Scan" not in text and not re.search(r"SCAN deliveries$", text, re.M), text
+
+
+# --- what lists read ---------------------------------------------------------------------------
+
+
+async def test_no_console_list_reads_a_payload_or_a_raw_body(
+    engine: AsyncEngine, operator: ConsoleClient
+) -> None:
+    moments = tied_moments(3)
+    events = await add_events(engine, moments)
+    await add_deliveries(engine, events, moments)
+    await add_rejected(engine, moments)
+    pages = [
+        "/console/events",
+        "/console/events?kind=sms.inbound&event=delivered&source=default&since=2026-01-01",
+        f"/console/events?q={events[0]}",
+        "/console/deliveries",
+        "/console/deliveries?status=dead&destination=sink",
+        "/console/quarantine",
+        "/console/destinations",
+    ]
+    with statements(engine.sync_engine) as seen:
+        for path in pages:
+            assert (await operator.http.get(path)).status_code == 200
+        assert (await operator.act("/console/deliveries/replay")).status_code == 200
+    assert seen
+    assert [sql for sql, _ in seen if BODY_COLUMNS.search(sql)] == []
+
+
+def test_the_list_commands_read_no_raw_body_and_no_payload_they_do_not_print(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+
+    async def fill() -> list[str]:
+        engine = create_engine(url)
+        try:
+            await migrate.upgrade(engine)
+            await add_rejected(engine, tied_moments(3))
+            return await add_events(engine, tied_moments(3))
+        finally:
+            await engine.dispose()
+
+    events = asyncio.run(fill())
+    config = tmp_path / "relay.toml"
+    config.write_text(f'database_url = "{url}"\n[sources.default]\ntoken = "{TOKEN}"\n')
+
+    def run(*args: str) -> tuple[str, list[str]]:
+        """The command's output and the statements it sent to list."""
+        with statements() as seen:
+            result = CliRunner().invoke(main, [*args, "--config", str(config)])
+        assert result.exit_code == 0, result.output
+        listing = re.compile(r"FROM (received_events|rejected_bodies)\s+ORDER BY")
+        return result.output, [sql for sql, _ in seen if listing.search(sql)]
+
+    output, sent = run("events", "list")
+    assert events[0] in output and sent
+    assert [sql for sql in sent if BODY_COLUMNS.search(sql)] == []
+    output, sent = run("events", "list", "--json")  # the JSON shows payloads, never raw bodies
+    assert '"payload"' in output and sent
+    assert [sql for sql in sent if "raw_body" in sql] == []
+    output, sent = run("rejected", "list")
+    assert "not JSON" in output and sent
+    assert [sql for sql in sent if "raw_body" in sql] == []
