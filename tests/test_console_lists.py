@@ -33,7 +33,7 @@ from relay.cli import main
 from relay.console import queries
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
 from relay.outbox import DELIVERIES
-from relay.tables import DEAD
+from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
 from tests.conftest import TOKEN, create_postgres_database, drop_postgres_database
 from tests.console_support import ConsoleClient, console_client
 from tests.relay_support import START, Clock
@@ -454,6 +454,11 @@ async def test_counts_read_an_index_and_no_table(engine: AsyncEngine) -> None:
         lines = await plan(engine, lambda where=where: queries.count_deliveries(engine, where))
         text = "\n".join(lines)
         assert "Seq Scan" not in text and not re.search(r"SCAN deliveries$", text, re.M), text
+    lines = await plan(
+        engine, lambda: queries.backlog_counts(engine, ["sink", "other"], [PENDING, HELD, DEAD])
+    )
+    text = "\n".join(lines)
+    assert "Seq Scan" not in text and not re.search(r"SCAN deliveries$", text, re.M), text
 
 
 # --- what lists read ---------------------------------------------------------------------------
@@ -518,3 +523,20 @@ def test_the_list_commands_read_no_raw_body_and_no_payload_they_do_not_print(
     output, sent = run("rejected", "list")
     assert "not JSON" in output and sent
     assert [sql for sql in sent if "raw_body" in sql] == []
+
+
+async def test_the_destinations_page_counts_a_backlog_up_to_a_cap_and_the_replay_exactly(
+    engine: AsyncEngine, operator: ConsoleClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queries, "BACKLOG_CAP", 3)
+    moments = tied_moments(7)
+    events = await add_events(engine, moments)
+    await add_deliveries(engine, events[:5], moments[:5], status=DEAD)
+    await add_deliveries(engine, events[5:], moments[5:], status=PENDING)
+    await add_deliveries(engine, events[5:6], moments[5:6], SUCCEEDED, destination="other")
+    page = (await operator.http.get("/console/destinations")).text
+    assert re.search(r"status=dead&amp;destination=sink\">3\+</a>", page), page
+    assert re.search(r"status=pending&amp;destination=sink\">2</a>", page), page
+    assert re.search(r"status=held&amp;destination=sink\">0</a>", page), page
+    confirm = await operator.act("/console/deliveries/replay", destination="sink")
+    assert '<strong class="count">5</strong>' in confirm.text

@@ -8,7 +8,8 @@ Each filter has an index that starts with its equality columns and ends with the
 index backwards from the cursor and stop after 51 entries, with no sort step, whatever the
 table's size (``tests/test_console_lists.py`` checks the plans). The cursor is one row-value
 comparison, ``(time, id) < (:time, :id)``, which both use as the index range. A list names its
-columns: it never reads a payload or a raw body (up to 1 MiB each).
+columns: it never reads a payload or a raw body (up to 1 MiB each), and no page counts a whole
+table.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, and_, case, func, literal, or_, select, tuple_
+from sqlalchemy import Column, and_, case, func, literal, or_, select, tuple_, union_all
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import Select
@@ -27,12 +28,14 @@ from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
 from relay.console.health import RECENT, Recent
 from relay.ordering import order_flags, waiting_behind
-from relay.outbox import ATTEMPTS, DELIVERIES
+from relay.outbox import ATTEMPTS, DELIVERIES, STATES
 from relay.tables import DEAD, PENDING
 
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
 PAGE_SIZE = 50
+BACKLOG_CAP = 10_000
+"""The destinations page counts each backlog up to this (and shows more as "10,000+")."""
 CHART_BUCKETS = 12
 CHART_SPAN = timedelta(hours=1)
 EVENT_LIST_COLUMNS = (
@@ -170,6 +173,45 @@ async def count_deliveries(engine: AsyncEngine, where: DeliveryFilter) -> int:
     query = select(func.count()).select_from(DELIVERIES).where(*_delivery_conditions(where))
     async with engine.connect() as conn:
         return int(await conn.scalar(query) or 0)
+
+
+async def backlog_counts(
+    engine: AsyncEngine, destinations: Sequence[str], statuses: Sequence[str]
+) -> dict[str, dict[str, int]]:
+    """Per destination and status, how many deliveries, counted up to :data:`BACKLOG_CAP`
+    and one more (more than the cap shows as "10,000+"): each count reads at most that many
+    entries of ``ix_deliveries_destination_status``, so the destinations page costs the same
+    with a backlog of a million."""
+    parts = [
+        select(
+            literal(name).label("destination"),
+            literal(status).label("status"),
+            select(func.count())
+            .select_from(
+                select(DELIVERIES.c.id)
+                .where(DELIVERIES.c.destination == name, DELIVERIES.c.status == status)
+                .limit(BACKLOG_CAP + 1)
+                .subquery()
+            )
+            .scalar_subquery()
+            .label("count"),
+        )
+        for name in destinations
+        for status in statuses
+    ]
+    counts: dict[str, dict[str, int]] = {name: dict.fromkeys(statuses, 0) for name in destinations}
+    if not parts:
+        return counts
+    async with engine.connect() as conn:
+        for name, status, count in await conn.execute(union_all(*parts)):
+            counts[name][status] = int(count)
+    return counts
+
+
+async def destination_states(engine: AsyncEngine) -> list[Row[Any]]:
+    """Every destination's stored health (breaker, 410 switch)."""
+    async with engine.connect() as conn:
+        return list(await conn.execute(select(STATES)))
 
 
 def _delivery_conditions(where: DeliveryFilter) -> list[Any]:
