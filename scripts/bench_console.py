@@ -500,8 +500,8 @@ def login(client: httpx.Client) -> str:
 
 def deep_query(client: httpx.Client, path: str, pages: int) -> tuple[str, int, float]:
     """The query string of the page ``pages`` pages down from ``path`` (following each page's
-    "Older" link), how many pages down it is (fewer once the walk took :data:`WALK_BUDGET_S`)
-    and the milliseconds the walk took."""
+    "Older" link), how many pages down it is (fewer at the last page, or once the walk took
+    :data:`WALK_BUDGET_S`) and the milliseconds the walk took."""
     query = path.partition("?")[2]
     base = path.partition("?")[0]
     started = time.perf_counter()
@@ -509,8 +509,8 @@ def deep_query(client: httpx.Client, path: str, pages: int) -> tuple[str, int, f
         if time.perf_counter() - started > WALK_BUDGET_S:
             return query, walked, (time.perf_counter() - started) * 1000
         found = NEXT.search(client.get(f"{base}?{query}").text)
-        if found is None:
-            raise SystemExit(f"{path}: fewer than {pages} pages")
+        if found is None:  # the last page
+            return query, walked, (time.perf_counter() - started) * 1000
         query = found[1].replace("&amp;", "&")
     return query, pages, (time.perf_counter() - started) * 1000
 
