@@ -36,7 +36,8 @@ class ReceivedEvent(SQLModel, table=True):
     __tablename__ = "received_events"
     __table_args__ = (
         UniqueConstraint("source", "kind", "dedup_key", name="uq_received_events_dedup"),
-        # The console's lists: one index per filter, in the list's order (time, then id).
+        # The console's lists: one index per filter, in the list's order (time, then id);
+        # on SQLite also ix_received_events_listed (relay.console.queries.ListedEvents).
         Index("ix_received_events_received_at", "received_at", "id"),
         Index("ix_received_events_kind", "kind", "received_at", "id"),
         Index("ix_received_events_kind_event", "kind", "event_name", "received_at", "id"),

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, and_, case, func, literal, or_, select, tuple_, union_all
+from sqlalchemy import Column, and_, case, column, func, literal, or_, select, tuple_, union_all
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Select
+from sqlalchemy.sql.expression import TableClause
 
 from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
@@ -38,14 +40,43 @@ BACKLOG_CAP = 10_000
 """The destinations page counts each backlog up to this (and shows more as "10,000+")."""
 CHART_BUCKETS = 12
 CHART_SPAN = timedelta(hours=1)
+
+
+class ListedEvents(TableClause):
+    """``received_events`` as the lists read it: on SQLite ``INDEXED BY
+    ix_received_events_listed`` (migration 0009), an index of the columns a list shows, by id.
+    SQLite keeps a row's columns in their declared order, so the platform id, event name and
+    duplicates lie after the payload and the raw body, at the end of their overflow pages:
+    reading them from the row reads the whole body (2 MiB for a 1 MiB callback), and SQLite
+    looks a row up by id through the primary key's index, and so the row, unless told.
+    PostgreSQL keeps large values apart (TOAST) and reads the row."""
+
+    inherit_cache = True
+
+
+@compiles(ListedEvents, "sqlite")
+def _indexed_by(element: ListedEvents, compiler: Any, **options: Any) -> str:
+    text = compiler.visit_table(element, **options)
+    return f"{text} INDEXED BY ix_received_events_listed" if options.get("asfrom") else text
+
+
+LISTED = ListedEvents(
+    EVENTS.name,
+    *(
+        column(c.name, c.type)
+        for c in EVENTS.c
+        if c.name
+        in ("id", "source", "kind", "event_name", "platform_id", "received_at", "duplicates")
+    ),
+)
 EVENT_LIST_COLUMNS = (
-    EVENTS.c.id,
-    EVENTS.c.source,
-    EVENTS.c.kind,
-    EVENTS.c.event_name,
-    EVENTS.c.platform_id,
-    EVENTS.c.received_at,
-    EVENTS.c.duplicates,
+    LISTED.c.id,
+    LISTED.c.source,
+    LISTED.c.kind,
+    LISTED.c.event_name,
+    LISTED.c.platform_id,
+    LISTED.c.received_at,
+    LISTED.c.duplicates,
 )
 
 
@@ -80,7 +111,15 @@ async def events_page(engine: AsyncEngine, where: EventFilter) -> Page:
     if where.platform_id:
         conditions.append(EVENTS.c.platform_id == where.platform_id)
     conditions += _time_range(EVENTS.c.received_at, where.since, where.until)
-    return await _page(engine, query, conditions, EVENTS.c.received_at, EVENTS.c.id, where.before)
+    if where.before is not None:
+        conditions.append(_below(EVENTS.c.received_at, EVENTS.c.id, where.before))
+    page = select(EVENTS.c.id).where(*conditions).order_by(*_newest(EVENTS))
+    query = select(*EVENT_LIST_COLUMNS).where(
+        LISTED.c.id.in_(page.limit(PAGE_SIZE + 1).scalar_subquery())
+    )
+    async with engine.connect() as conn:
+        rows = sorted(await conn.execute(query), key=lambda r: (r.received_at, r.id), reverse=True)
+    return _split(rows, "received_at", "id")
 
 
 async def delivery_statuses(
@@ -140,10 +179,10 @@ async def deliveries_page(engine: AsyncEngine, where: DeliveryFilter) -> Page:
         DELIVERIES.c.next_attempt_at,
         DELIVERIES.c.last_status_code,
         DELIVERIES.c.last_error,
-        EVENTS.c.kind,
-        EVENTS.c.platform_id,
+        LISTED.c.kind,
+        LISTED.c.platform_id,
         *order_flags(),
-    ).join(EVENTS, EVENTS.c.id == DELIVERIES.c.event_id)
+    ).join(LISTED, LISTED.c.id == DELIVERIES.c.event_id)
     conditions = _delivery_conditions(where)
     return await _page(
         engine, query, conditions, DELIVERIES.c.created_at, DELIVERIES.c.id, where.before
@@ -326,15 +365,30 @@ async def _page(
     before: Cursor | None,
 ) -> Page:
     if before is not None:
-        after = tuple_(literal(before.moment, moment.type), literal(before.id, key.type))
-        conditions = [*conditions, tuple_(moment, key) < after]
+        conditions = [*conditions, _below(moment, key, before)]
     statement = query.where(*conditions).order_by(moment.desc(), key.desc()).limit(PAGE_SIZE + 1)
     async with engine.connect() as conn:
         rows = list(await conn.execute(statement))
+    return _split(rows, moment.name, key.name)
+
+
+def _newest(table: Any) -> tuple[Any, Any]:
+    return table.c.received_at.desc(), table.c.id.desc()
+
+
+def _below(moment: Column[Any], key: Column[Any], before: Cursor) -> Any:
+    """Rows after the cursor in the list's order: one row-value comparison, an index range."""
+    return tuple_(moment, key) < tuple_(
+        literal(before.moment, moment.type), literal(before.id, key.type)
+    )
+
+
+def _split(rows: list[Row[Any]], moment: str, key: str) -> Page:
+    """Up to a page of ``rows`` (fetched one more than a page) and the next page's cursor."""
     if len(rows) <= PAGE_SIZE:
         return Page(rows, None)
     last = rows[PAGE_SIZE - 1]
-    return Page(rows[:PAGE_SIZE], Cursor(last._mapping[moment.name], last._mapping[key.name]))
+    return Page(rows[:PAGE_SIZE], Cursor(last._mapping[moment], last._mapping[key]))
 
 
 def _time_range(column: Column[Any], since: datetime | None, until: datetime | None) -> list[Any]:
