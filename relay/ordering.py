@@ -46,11 +46,20 @@ def free_to_go() -> ColumnElement[bool]:
             ahead.c.arrived_at, ahead.c.event_id, DELIVERIES.c.arrived_at, DELIVERIES.c.event_id
         ),
     )
+    # Its own event's platform id and arrival are scalar subqueries by id, so that its earlier
+    # events are one range of ix_received_events_platform_id (platform_id, received_at, id).
+    # Joined instead, PostgreSQL (estimating that hardly any event is unrouted) planned a hash
+    # anti-join of every event against routed_events first: 1.5 s a row at a million events.
     mine, earlier = EVENTS.alias("mine"), EVENTS.alias("earlier")
+
+    def of_mine(column: Any) -> Any:
+        by_id = select(column).where(mine.c.id == DELIVERIES.c.event_id)
+        return by_id.correlate(DELIVERIES).scalar_subquery()
+
     unrouted_earlier = exists().where(
-        mine.c.id == DELIVERIES.c.event_id,
-        earlier.c.platform_id == mine.c.platform_id,
-        _before(earlier.c.received_at, earlier.c.id, mine.c.received_at, mine.c.id),
+        earlier.c.platform_id == of_mine(mine.c.platform_id),
+        tuple_(earlier.c.received_at, earlier.c.id)
+        < tuple_(of_mine(mine.c.received_at), DELIVERIES.c.event_id),
         ~exists().where(ROUTED.c.event_id == earlier.c.id),
     )
     return or_(DELIVERIES.c.order_key.is_(None), ~or_(unfinished_ahead, unrouted_earlier))
