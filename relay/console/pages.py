@@ -144,7 +144,7 @@ async def destinations(console: Console, request: Request, operator: Operator) -
 
 
 def backlog_text(count: int) -> str:
-    """A backlog count as the page shows it: exact up to the cap, then "10,000+"."""
+    """A backlog count as the page shows it: exact up to the cap, then "1,000+"."""
     return f"{queries.BACKLOG_CAP:,}+" if count > queries.BACKLOG_CAP else str(count)
 
 

@@ -36,8 +36,8 @@ from relay.tables import DEAD, PENDING
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
 PAGE_SIZE = 50
-BACKLOG_CAP = 10_000
-"""The destinations page counts each backlog up to this (and shows more as "10,000+")."""
+BACKLOG_CAP = 1_000
+"""The destinations page counts each backlog up to this (and shows more as "1,000+")."""
 CHART_BUCKETS = 12
 CHART_SPAN = timedelta(hours=1)
 
@@ -218,7 +218,7 @@ async def backlog_counts(
     engine: AsyncEngine, destinations: Sequence[str], statuses: Sequence[str]
 ) -> dict[str, dict[str, int]]:
     """Per destination and status, how many deliveries, counted up to :data:`BACKLOG_CAP`
-    and one more (more than the cap shows as "10,000+"): each count reads at most that many
+    and one more (more than the cap shows as "1,000+"): each count reads at most that many
     entries of ``ix_deliveries_destination_status``, so the destinations page costs the same
     with a backlog of a million."""
     parts = [
