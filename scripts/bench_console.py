@@ -74,6 +74,9 @@ REJECTED_BODIES = 10_000
 STORE_SPAN = timedelta(days=30)
 END = datetime(2026, 11, 1, tzinfo=UTC)
 CHUNK = 20_000
+NOT_DUE = END + timedelta(days=3650)
+"""The pending deliveries' next attempt: the embedded worker of `relay serve` leaves them be
+(due, it would attempt them during the timing, and change the store between runs)."""
 DEEP_PAGES = 100
 WALK_BUDGET_S = 300.0
 """A walk down the pages stops after this long (a list without an index: each page sorts)."""
@@ -234,7 +237,7 @@ def delivery_rows(
                     created,
                     first,
                     last,
-                    created + timedelta(hours=1) if status in ("pending", "held") else None,
+                    NOT_DUE if status in ("pending", "held") else None,
                     last if status in ("succeeded", "dead") else None,
                     code,
                     "HTTP 503" if code == 503 else None,
