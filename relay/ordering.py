@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, exists, func, or_, select, tuple_
+from sqlalchemy import Select, and_, case, exists, false, func, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement, Label
 
 from receivers.store import ReceivedEvent
@@ -113,10 +113,19 @@ def order_flags() -> list[Label[bool]]:
     """What operators see of a delivery's line, as two columns for a query over
     ``deliveries``: ``out_of_order_if_replayed`` (dead, and a later delivery of its line has
     been attempted since: replayed, it would arrive after that one) and ``waiting_in_line``
-    (pending, and not free to go: an earlier delivery of its line comes first)."""
+    (pending, and not free to go: an earlier delivery of its line comes first).
+
+    Each is a CASE, so that its subqueries run only for the rows it is about: SQLite evaluates
+    both sides of an AND in a result column, and the line's checks read the delivery's event
+    row (on a page of 1 MiB events, 2 MiB for each row listed)."""
+    ordered = DELIVERIES.c.order_key.is_not(None)
     return [
-        and_(DELIVERIES.c.status == DEAD, _overtaken()).label("out_of_order_if_replayed"),
-        and_(DELIVERIES.c.status == PENDING, ~free_to_go()).label("waiting_in_line"),
+        case((and_(DELIVERIES.c.status == DEAD, ordered), _overtaken()), else_=false()).label(
+            "out_of_order_if_replayed"
+        ),
+        case((and_(DELIVERIES.c.status == PENDING, ordered), ~free_to_go()), else_=false()).label(
+            "waiting_in_line"
+        ),
     ]
 
 
