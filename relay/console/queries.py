@@ -4,7 +4,7 @@ Every list is newest first and pages with a cursor (the last row's time and id),
 an offset, so the 1,000th page costs what the first does (``scripts/bench_console.py``).
 
 Each filter has an index that starts with its equality columns and ends with the list's order,
-``(time, id)`` (migration ``0009_console_indexes``): both SQLite and PostgreSQL then walk that
+``(time, id)`` (migration ``0007_console_indexes``): both SQLite and PostgreSQL then walk that
 index backwards from the cursor and stop after 51 entries, with no sort step, whatever the
 table's size (``tests/test_console_lists.py`` checks the plans). The cursor is one row-value
 comparison, ``(time, id) < (:time, :id)``, which both use as the index range. A list names its
@@ -40,11 +40,13 @@ BACKLOG_CAP = 1_000
 """The destinations page counts each backlog up to this (and shows more as "1,000+")."""
 CHART_BUCKETS = 12
 CHART_SPAN = timedelta(hours=1)
+LISTED_INDEX = "ix_received_events_listed"
+"""SQLite only (migration 0007): the columns an event list shows, by id (see ListedEvents)."""
 
 
 class ListedEvents(TableClause):
     """``received_events`` as the lists read it: on SQLite ``INDEXED BY
-    ix_received_events_listed`` (migration 0009), an index of the columns a list shows, by id.
+    ix_received_events_listed`` (migration 0007), an index of the columns a list shows, by id.
     SQLite keeps a row's columns in their declared order, so the platform id, event name and
     duplicates lie after the payload and the raw body, at the end of their overflow pages:
     reading them from the row reads the whole body (2 MiB for a 1 MiB callback), and SQLite
@@ -57,7 +59,7 @@ class ListedEvents(TableClause):
 @compiles(ListedEvents, "sqlite")
 def _indexed_by(element: ListedEvents, compiler: Any, **options: Any) -> str:
     text = compiler.visit_table(element, **options)
-    return f"{text} INDEXED BY ix_received_events_listed" if options.get("asfrom") else text
+    return f"{text} INDEXED BY {LISTED_INDEX}" if options.get("asfrom") else text
 
 
 LISTED = ListedEvents(

@@ -1,6 +1,6 @@
 """Console sessions and the login throttle in the database, shared by every replica.
 
-Revision ID: 0006_console_sessions
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-25
 """
@@ -12,7 +12,7 @@ from alembic import op
 
 from receivers.store import UTCDateTime
 
-revision = "0006_console_sessions"
+revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None

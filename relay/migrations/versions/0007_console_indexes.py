@@ -7,8 +7,8 @@ and 24 s on PostgreSQL on a busy 2-core machine (docs/performance.md); on SQLite
 index reads every body once (9 s for 2,100 events of 1 MiB). SQLite migrates when `relay serve`
 starts, so the start waits for it and logs a line before and after.
 
-Revision ID: 0009_console_indexes
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-26
 """
 
@@ -20,8 +20,8 @@ import time
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009_console_indexes"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
