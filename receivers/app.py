@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -16,14 +17,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from receivers.config import ReceiverConfig, source_prefix
-from receivers.handler import HookEndpoint
+from receivers.handler import HookEndpoint, store_problem
 from receivers.kinds import kinds_by_path
 from receivers.metrics import Metrics, ReceiverCounters
 from receivers.openapi import openapi_document
 from receivers.problems import Problem, not_found
 from receivers.readiness import DatabasePing
 from receivers.routing import ReceiverApp
-from receivers.store.records import AfterCommit, utc_now
+from receivers.store.probe import WriteProbe
+from receivers.store.records import AfterCommit, StoreFull, utc_now
 from receivers.store.writer import EventWriter
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ def create_app(
     writer = EventWriter(
         engine, clock=clock, after_commit=after_commit, writer_process=config.writer_process
     )
+    probe = WriteProbe(engine, writer.writable, clock)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -89,11 +92,19 @@ def create_app(
     ping = DatabasePing(engine, READY_TIMEOUT_SECONDS)
 
     async def readyz(request: Request) -> Response:
+        """Ready: the writer runs, and the database answers or, while the store refuses the
+        callbacks for being full, takes the probe's write (:mod:`receivers.store.writable`)."""
         if not writer.available:
             return _not_ready("The event writer is not running.")
+        writable = writer.writable
         try:
-            await ping()
-        except Exception:  # logged by the ping, once per change
+            if writable.full:
+                await asyncio.wait_for(probe(), READY_TIMEOUT_SECONDS)
+            else:
+                await ping()  # logged by the ping, once per change
+        except Exception:
+            if writable.full:
+                return store_problem(StoreFull()).response()
             return _not_ready("The database is not reachable.")
         return JSONResponse({"status": "ready"})
 

@@ -31,7 +31,7 @@ from receivers.kinds import Kind
 from receivers.metrics import ReceiverCounters
 from receivers.problems import Problem
 from receivers.sources import Network, SourceConfig
-from receivers.store.records import Arrival, Rejection, StoreUnavailable
+from receivers.store.records import Arrival, Rejection, StoreFull, StoreUnavailable
 from receivers.store.writer import EventWriter
 
 log = logging.getLogger(__name__)
@@ -106,17 +106,9 @@ class HookEndpoint:
             self.counters.auth_failures.labels(source=self.source_name, reason=failure.reason).inc()
             log.info("refused callback on %s: %s", URL(scope=scope).path, failure.reason)
             return _answer_of(failure.response())
-        except StoreUnavailable:
+        except StoreUnavailable as refused:
             self._store_unavailable.inc()
-            return _answer_of(
-                Problem(
-                    503,
-                    "store-unavailable",
-                    "Service Unavailable",
-                    "The event store is unavailable; retry later.",
-                    headers={"Retry-After": RETRY_AFTER_SECONDS},
-                ).response()
-            )
+            return _answer_of(store_problem(refused).response())
         except Problem as problem:
             return _answer_of(problem.response())
 
@@ -251,6 +243,17 @@ class HookEndpoint:
                 remote_addr=remote_addr,
             )
         )
+
+
+def store_problem(refused: StoreUnavailable) -> Problem:
+    """The 503 of a callback (or readiness check) that the store cannot take now."""
+    if isinstance(refused, StoreFull):
+        slug, detail = "store-full", "The event store is full; retry later."
+    else:
+        slug, detail = "store-unavailable", "The event store is unavailable; retry later."
+    return Problem(
+        503, slug, "Service Unavailable", detail, headers={"Retry-After": RETRY_AFTER_SECONDS}
+    )
 
 
 def _forwarded_for(raw_headers: list[tuple[bytes, bytes]]) -> str | None:

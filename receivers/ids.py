@@ -8,8 +8,11 @@ the row, injected in tests), which no library at hand accepts: ``uuid-utils`` 1.
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime
 
+ID_FORMAT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""What a stored row's id looks like: a UUID's canonical text, lower case."""
 MILLIS_MASK = (1 << 48) - 1
 RANDOM_HEX_DIGITS = 20  # 80 bits, of which the version and variant take 6
 VARIANT_DIGIT = {digit: "89ab"[int(digit, 16) & 0x3] for digit in "0123456789abcdef"}

@@ -18,7 +18,7 @@ ERROR_ANSWERS = {
     "403": "The caller's address is not allowed.",
     "413": "The body is over the size limit.",
     "422": "The JSON does not fit the kind's model; it was quarantined.",
-    "503": "The store is unavailable; retry after Retry-After seconds.",
+    "503": "The store is unavailable or full; retry after Retry-After seconds.",
 }
 
 

@@ -1,11 +1,11 @@
 """Values an installation generates for itself on first start and keeps in its database: the
-default source's token, the console's password and the key that signs its sessions."""
+default source's token, the console's password and the key that signs its cookies and tokens."""
 
 from __future__ import annotations
 
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -33,11 +33,35 @@ async def kept_secret(engine: AsyncEngine, key: str) -> str:
     return str(value)
 
 
+async def kept_value(engine: AsyncEngine, key: str) -> str | None:
+    """The value kept under ``key``, or None: never generates one."""
+    async with engine.connect() as conn:
+        value = await conn.scalar(select(SETTINGS.c.value).where(SETTINGS.c.key == key))
+    return None if value is None else str(value)
+
+
+async def forget_value(engine: AsyncEngine, key: str) -> bool:
+    """Delete the value kept under ``key``; whether there was one."""
+    async with engine.begin() as conn:
+        deleted = await conn.execute(delete(SETTINGS).where(SETTINGS.c.key == key))
+    return bool(deleted.rowcount)
+
+
 async def generated_token(engine: AsyncEngine) -> str:
-    """This installation's token for the default source."""
+    """This installation's token for the default source, generated on first use."""
     return await kept_secret(engine, DEFAULT_TOKEN_KEY)
 
 
+async def kept_token(engine: AsyncEngine) -> str | None:
+    """The default source's generated token if the database keeps one (never generates it)."""
+    return await kept_value(engine, DEFAULT_TOKEN_KEY)
+
+
+async def forget_token(engine: AsyncEngine) -> bool:
+    """Delete the default source's generated token; whether there was one."""
+    return await forget_value(engine, DEFAULT_TOKEN_KEY)
+
+
 def token_source(token: str) -> SourceConfig:
-    """The default source when nothing is configured: the URL token only."""
+    """The default source served with the generated token: the URL token only."""
     return SourceConfig(token=token)

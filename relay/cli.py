@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import click
 
+from relay.commands.console import console_commands
+from relay.commands.give_up import give_up_command
 from relay.commands.outbox import deliveries, destinations
 from relay.commands.process import db, serve, worker
+from relay.commands.retention import store
+from relay.commands.sources import sources
 from relay.commands.store import events, rejected
 from relay.simulator.cli import simulate
 
@@ -16,5 +20,18 @@ def main() -> None:
     """callback-relay: receive the platform's callbacks, store them, relay them."""
 
 
-for command in (serve, worker, db, events, rejected, deliveries, destinations, simulate):
+for command in (
+    serve,
+    worker,
+    db,
+    events,
+    rejected,
+    deliveries,
+    destinations,
+    sources,
+    console_commands,
+    store,
+    simulate,
+):
     main.add_command(command)
+deliveries.add_command(give_up_command)

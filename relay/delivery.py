@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from receivers.store import Coalescer
+from receivers.store import Coalescer, StoreWritable, is_unavailable
 from relay import outbox
-from relay.breaker import DestinationHealth, after_failure, after_gone, after_success, hold_until
+from relay.breaker import DestinationHealth, after_outcome, hold_until
 from relay.destinations import Destination, Outbound, Outcome
 from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
 from relay.metrics import FAILED_ATTEMPT, GONE_ATTEMPT, SUCCEEDED_ATTEMPT, WorkerMetrics
@@ -122,7 +122,9 @@ class Deliverer:
     of its attempts waits at most half the lease margin for a slot, so no lease runs out before
     its attempt ends. The claims, records and releases of concurrent attempts share transactions
     (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics`` (a
-    private registry by default)."""
+    private registry by default). A claim or record that the store refuses (full, unreachable)
+    is noted in ``writable`` (logged once, not per attempt): :meth:`attempt_many` leaves such a
+    delivery as SQL has it, for the sweeper to hand out again once the store takes writes."""
 
     def __init__(
         self,
@@ -135,8 +137,10 @@ class Deliverer:
         rng: random.Random | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         metrics: WorkerMetrics | None = None,
+        writable: StoreWritable | None = None,
     ) -> None:
         self._engine = engine
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self._targets = targets
         self._policies = policies
         self._clock = clock
@@ -171,7 +175,10 @@ class Deliverer:
         """Attempt each delivery that is due and free (concurrently, within the worker's
         slots); returns the next jobs they need. They are claimed together, up front; an
         attempt that fails does not stop the others: the first such error is raised once all
-        have finished.
+        have finished. An attempt that the database's loss stopped (a connection terminated,
+        the server down) or that the store refused (full) is not an error here: it is noted in
+        ``writable``, which logs it once per outage, and its delivery waits in the database,
+        due (or leased until its lease ends), for the sweepers.
 
         A job must end within its lease (arq's job timeout), so an attempt that gets no slot
         within half the lease margin is not made here: its lease is given back and it comes
@@ -186,7 +193,9 @@ class Deliverer:
             ),
             return_exceptions=True,
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = [
+            r for r in results if isinstance(r, BaseException) and not self._writable.failed(r)
+        ]
         next_due = [due for r in results if isinstance(r, list) for due in r]
         if errors:
             raise _with_next(errors[0], next_due)
@@ -219,30 +228,34 @@ class Deliverer:
         that finished (they free leases, update destinations' health and let the next of a
         per-key line go), the releases, then the claims of those about to start. Should it
         fail, each record is retried in a transaction of its own (one bad record cannot fail
-        the others), then the rest."""
+        the others), then the rest; but should the database have been lost (a connection
+        terminated or reset), the whole group is tried once more, on a new connection, and
+        if that fails too every item gets its error (one by one, each would wait for a new
+        connection in turn, beyond the leases: what they asked waits in the database)."""
         records = [item for item in items if isinstance(item, AttemptRecord)]
         releases = [item.claimed for item in items if isinstance(item, Release)]
         ids = [item for item in items if isinstance(item, str)]
         recorded: list[Recorded | BaseException]
         claims: list[Claim | BaseException | None]
         try:
-            async with self._engine.begin() as conn:
-                recorded = list(await self._record_on(conn, records)) if records else []
-                if releases:
-                    await outbox.release_on(conn, releases)
-                claimed = await self._claim_on(conn, ids) if ids else []
-                claims = list(claimed)
+            recorded, claims = await self._group_transaction(records, releases, ids)
         except Exception as exc:
-            if len(items) == 1 and not isinstance(exc, outbox.LeaseLost):
+            if is_unavailable(exc):
+                try:
+                    recorded, claims = await self._group_transaction(records, releases, ids)
+                except Exception as again:
+                    recorded, claims = [again] * len(records), [again] * len(ids)
+            elif len(items) == 1 and not isinstance(exc, outbox.LeaseLost):
                 raise
-            recorded = [await self._record_alone(record) for record in records]
-            try:
-                async with self._engine.begin() as conn:
-                    if releases:
-                        await outbox.release_on(conn, releases)
-                    claims = list(await self._claim_on(conn, ids)) if ids else []
-            except Exception as claim_error:
-                claims = [claim_error] * len(ids)
+            else:
+                recorded = [await self._record_alone(record) for record in records]
+                try:
+                    async with self._engine.begin() as conn:
+                        if releases:
+                            await outbox.release_on(conn, releases)
+                        claims = list(await self._claim_on(conn, ids)) if ids else []
+                except Exception as claim_error:
+                    claims = [claim_error] * len(ids)
         by_record, by_claim = iter(recorded), iter(claims)
         answers: list[Claim | Recorded | BaseException | None] = []
         for item in items:
@@ -253,6 +266,18 @@ class Deliverer:
             else:
                 answers.append(next(by_claim))
         return answers
+
+    async def _group_transaction(
+        self, records: list[AttemptRecord], releases: list[Claim], ids: list[str]
+    ) -> tuple[list[Recorded | BaseException], list[Claim | BaseException | None]]:
+        async with self._engine.begin() as conn:
+            recorded = list(await self._record_on(conn, records)) if records else []
+            if releases:
+                await outbox.release_on(conn, releases)
+            claims = list(await self._claim_on(conn, ids)) if ids else []
+        if records:
+            self._writable.succeeded()
+        return list(recorded), list(claims)
 
     async def _claim_on(self, conn: AsyncConnection, delivery_ids: list[str]) -> list[Claim | None]:
         claims = await outbox.claim_on(conn, delivery_ids, self._clock(), self._lease)
@@ -277,9 +302,11 @@ class Deliverer:
     async def _record_alone(self, record: AttemptRecord) -> Recorded | BaseException:
         try:
             async with self._engine.begin() as conn:
-                return (await self._record_on(conn, [record]))[0]
+                recorded = (await self._record_on(conn, [record]))[0]
         except Exception as exc:
             return exc
+        self._writable.succeeded()
+        return recorded
 
     async def _attempt(self, claimed: Claim, slot: Slot) -> list[Due]:
         """Attempt a claimed delivery in its ``slot``, which is freed once the answer is in
@@ -340,13 +367,11 @@ class Deliverer:
         started, outcome = sent
         delivery = claimed.delivery
         finished = max(self._clock(), started)
-        change: Callable[[DestinationHealth], DestinationHealth] | None
         next_at: datetime | None = None
         if outcome.ok:
             status = SUCCEEDED
-            change = after_success if claimed.health and _unhealthy(claimed.health) else None
         elif outcome.gone:
-            status, change = HELD, after_gone
+            status = HELD
         else:
             schedule_attempts = delivery.attempts + 1 - delivery.schedule_base
             first = delivery.first_attempt_at or started
@@ -357,10 +382,7 @@ class Deliverer:
                 if deadline is not None and next_at > deadline:
                     next_at = None
             status = PENDING if next_at is not None else DEAD
-
-            def change(health: DestinationHealth) -> DestinationHealth:
-                return after_failure(health, policy, finished)
-
+        change = _health_change(outcome, policy, finished, claimed.health)
         figures = self._figures[delivery.destination]
         figures.attempted(_attempt_outcome(outcome), outcome.duration_ms / 1000)
         result = AttemptResult(
@@ -375,7 +397,11 @@ class Deliverer:
         )
         assert isinstance(recorded, Recorded)
         if not recorded.owned:
-            log.warning("lease of delivery %s expired during its attempt", delivery.id)
+            log.warning(
+                "lease of delivery %s was lost during its attempt (it expired, or an operator "
+                "gave the delivery up): the attempt is not recorded",
+                delivery.id,
+            )
             return []
         if status == SUCCEEDED:
             figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
@@ -460,6 +486,23 @@ def _health(row: Any) -> DestinationHealth:
 
 def _unhealthy(row: Any) -> bool:
     return bool(row.consecutive_failures or row.paused_until or row.disabled)
+
+
+def _health_change(
+    outcome: Outcome, policy: Policy, finished: datetime, row: Any
+) -> Callable[[DestinationHealth], DestinationHealth] | None:
+    """How the attempt changes its destination's health (:func:`after_outcome`), or None when
+    it cannot change it: a success at a healthy destination, a failure of this message alone.
+    None spares the health row a write."""
+    if outcome.ok and not (row is not None and _unhealthy(row)):
+        return None
+    if not (outcome.ok or outcome.gone or outcome.down):
+        return None
+
+    def change(health: DestinationHealth) -> DestinationHealth:
+        return after_outcome(health, outcome, policy, finished)
+
+    return change
 
 
 def _on_rows(

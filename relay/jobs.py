@@ -1,5 +1,6 @@
 """The relay's own arq queue: a job per delivery attempt, or per routing batch of first attempts,
-with ids arq can dedupe."""
+with ids arq can dedupe. While its Redis is lost (:mod:`relay.queue_connection`), nothing is
+enqueued: the deliveries wait in the database for the sweepers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from redis.exceptions import RedisError
 from receivers.store import utc_now
 from relay.destinations.errors import describe_error, without_credentials
 from relay.outbox import Due
+from relay.queue_connection import QueueConnection, QueueUnavailable, queue_lost
 from relay.settings import SettingsError
 
 QUEUE_NAME = "relay:queue"
@@ -56,24 +58,33 @@ async def open_pool(redis_url: str) -> ArqRedis:
 
 
 class JobQueue:
-    """Enqueues deliver jobs on the relay queue (real Redis, or fakeredis when embedded)."""
+    """Enqueues deliver jobs on the relay queue (real Redis, or fakeredis when embedded), and
+    reports a lost Redis to ``connection`` (the process's; one of its own by default)."""
 
     def __init__(
         self,
         pool: ArqRedis,
         on_enqueue: Callable[[], None] | None = None,
         clock: Callable[[], datetime] = utc_now,
+        connection: QueueConnection | None = None,
     ) -> None:
         self.pool = pool
         self.on_enqueue = on_enqueue
         """Called after new jobs were enqueued (the embedded worker's wake-up)."""
+        self.connection = connection if connection is not None else QueueConnection(pool)
         self._clock = clock
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
 
     async def enqueue(self, due: Sequence[Due]) -> int:
         """Enqueue the jobs of these deliveries, each at its time: one per batch job id (the
         first attempts of a routing pass), one per delivery otherwise; returns how many of
-        those jobs were new."""
+        those jobs were new.
+
+        While the queue is lost, or when it is lost during the call, the jobs not enqueued are
+        left out without an error: their deliveries are in the database, and the sweepers
+        enqueue them once it is back."""
+        if not self.connection.connected:
+            return 0
         batches: dict[str, list[Due]] = {}
         singles: list[Due] = []
         for item in due:
@@ -89,8 +100,15 @@ class JobQueue:
                 )
                 for job, items in batches.items()
             ),
+            return_exceptions=True,
         )
-        enqueued = sum(results)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for error in errors:
+            if not queue_lost(error):
+                raise error
+        if errors:
+            self.connection.lost(errors[0])
+        enqueued = sum(r is True for r in results)
         if enqueued and self.on_enqueue is not None:
             self.on_enqueue()
         return enqueued
@@ -102,7 +120,8 @@ class JobQueue:
         arq keeps a job in its queue's sorted set until the job has finished, so a missing
         score means the job is gone: done, or lost with a flushed Redis. A delivery's job is,
         for a first attempt, its batch job (asked about once per batch), else its own
-        (:func:`deliver_job_id`). Two round trips at most."""
+        (:func:`deliver_job_id`). Two round trips at most. :class:`QueueUnavailable` while the
+        queue is lost."""
         batches = list({item.job for item in due if item.job is not None})
         scores = await self._scores(batches)
         queued = {job for job, score in zip(batches, scores, strict=True) if score is not None}
@@ -115,12 +134,20 @@ class JobQueue:
         ]
 
     async def _scores(self, job_ids: Sequence[str]) -> list[float | None]:
+        if not self.connection.connected:
+            raise QueueUnavailable(f"queue lost: {self.connection.reason}")
         if not job_ids:
             return []
-        async with self.pool.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.zscore(QUEUE_NAME, job_id)
-            return list(await pipe.execute())
+        try:
+            async with self.pool.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.zscore(QUEUE_NAME, job_id)
+                return list(await pipe.execute())
+        except Exception as exc:
+            if not queue_lost(exc):
+                raise
+            self.connection.lost(exc)
+            raise QueueUnavailable(f"queue lost: {self.connection.reason}") from None
 
     async def _enqueue_one(self, function: str, arg: object, job_id: str, at: datetime) -> bool:
         """Enqueue one job for ``at`` (its queue position: overdue jobs run oldest first). Its

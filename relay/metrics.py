@@ -108,6 +108,19 @@ class WorkerMetrics:
         return figures
 
 
+def queue_connected_gauge(registry: CollectorRegistry) -> Gauge:
+    """``relay_queue_connected`` in ``registry``: 1 while the relay queue's Redis answers, 0
+    while it is lost (see :class:`relay.queue_connection.QueueConnection`); 1 to begin with."""
+    gauge = Gauge(
+        "relay_queue_connected",
+        "1 while the relay queue's Redis answers, 0 while it is lost (deliveries wait in the "
+        "database until it is back).",
+        registry=registry,
+    )
+    gauge.set(1)
+    return gauge
+
+
 class StoreFigures:
     """Gauges of the store's state: each destination's pending and dead deliveries and breaker
     state, and the oldest pending delivery's age. They are the store's, not the process's:

@@ -45,6 +45,8 @@ LOOKUP_CHUNK = 500
 """How many delivery ids one query looks up (well within every driver's parameter limit)."""
 JOB_BATCH = 50
 """How many new deliveries of one routing pass share one arq job (see :func:`route_events`)."""
+RELAY_WRITES = "the relay's writes"
+"""What the relay's :class:`~receivers.store.writable.StoreWritable` calls them in the log."""
 
 
 HealthChange = Callable[[Mapping[str, Any]], Mapping[str, Any]]

@@ -55,8 +55,8 @@ class Policy(ABC):
     """A retry schedule, what counts as success, and the breaker parameters that ride with it.
 
     ``jitter`` is a fraction: 0.1 spreads each delay uniformly over ±10 %. ``pause_after`` /
-    ``pause_for``: after every ``pause_after`` consecutive failures at a destination, no attempts
-    to it for ``pause_for``.
+    ``pause_for``: after every ``pause_after`` consecutive failures at a destination that say it
+    is down (:func:`relay.breaker.after_outcome`), no attempts to it for ``pause_for``.
     """
 
     name: str

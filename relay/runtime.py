@@ -19,18 +19,18 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
-from receivers import DEFAULT_SOURCE, create_app
+from receivers import create_app
 from receivers.config import ReceiverConfig
 from receivers.metrics import Metrics
-from receivers.store import create_engine, utc_now
+from receivers.store import StoreWritable, create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
 from relay import migrate
-from relay.bootstrap import generated_token, token_source
 from relay.console.access import ConsoleAccess, console_access, mount_console
+from relay.default_source import GeneratedToken, served_sources
 from relay.destinations.errors import (
+    database_address,
     describe_database_error,
     describe_error,
-    without_credentials,
 )
 from relay.jobs import JobQueue, open_pool
 from relay.metrics import (
@@ -39,7 +39,8 @@ from relay.metrics import (
     WorkerMetrics,
     metrics_server,
 )
-from relay.outbox import Due
+from relay.outbox import RELAY_WRITES, Due
+from relay.queue_connection import QueueConnection, queue_lost
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
 from relay.worker import EmbeddedWorker, build_worker
@@ -52,15 +53,26 @@ class Runtime:
     settings: Settings
     engine: AsyncEngine
     receiver_config: ReceiverConfig
-    generated_token: str | None
+    generated: GeneratedToken | None
+    """The default source's generated token, when the database keeps one."""
     console: ConsoleAccess | None = None
     refused: SettingsError | None = None
     """Why the app's start failed, when a destination can never deliver (`relay serve` reports
     it as any settings error, instead of the server's traceback)."""
 
+    def generated_secrets(self) -> list[str]:
+        """The secrets this installation generated and keeps in its database: the default
+        source's token, the console's session key and password (those in use)."""
+        console = self.console
+        generated = [self.generated.token if self.generated is not None else None]
+        generated += [console.key, console.generated_password] if console is not None else []
+        return [secret for secret in generated if secret is not None]
+
     def app(self, clock: Callable[[], datetime] = utc_now) -> Starlette:
-        """The ASGI app to serve: receivers whose commits are routed and relayed."""
-        hook = RoutingHook(self.engine, router_for(self.settings), clock)
+        """The ASGI app to serve: receivers whose commits are routed and relayed. The relay's
+        parts in it (hook, embedded worker, console) share one :class:`StoreWritable`."""
+        writable = StoreWritable(RELAY_WRITES)
+        hook = RoutingHook(self.engine, router_for(self.settings), clock, writable)
         metrics = Metrics(max_age=EXPOSITION_MAX_AGE_SECONDS)
         store_figures = StoreFigures(
             metrics.registry,
@@ -77,7 +89,11 @@ class Runtime:
                 async with (
                     contextlib.aclosing(store_figures),
                     relay_queue(
-                        self.settings, self.engine, clock, registry=metrics.registry
+                        self.settings,
+                        self.engine,
+                        clock,
+                        registry=metrics.registry,
+                        writable=writable,
                     ) as queue,
                 ):
                     hook.queue = queue
@@ -100,7 +116,16 @@ class Runtime:
                 if hook.queue is not None:
                     await hook.queue.enqueue(due)
 
-            mount_console(app, self.console, self.settings, self.engine, enqueue, clock)
+            mount_console(
+                app,
+                self.console,
+                self.settings,
+                self.engine,
+                enqueue,
+                clock,
+                sources=list(self.receiver_config.sources),
+                writable=writable,
+            )
         return app
 
 
@@ -111,14 +136,20 @@ async def relay_queue(
     clock: Callable[[], datetime],
     *,
     registry: CollectorRegistry | None = None,
+    writable: StoreWritable | None = None,
 ) -> AsyncIterator[JobQueue]:
     """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
-    worker running in this event loop, recording in ``registry`` (the server's)."""
+    worker running in this event loop, recording in ``registry`` (the server's) and telling
+    ``writable`` (the server's state of the relay's writes) how its writes went. Its
+    connection's state is ``relay_queue_connected`` in ``registry``; a lost Redis is waited out
+    (:mod:`relay.queue_connection`)."""
     if settings.redis_url:
         pool = await open_pool(settings.redis_url)
+        connection = QueueConnection(pool, registry=registry)
         try:
-            yield JobQueue(pool, clock=clock)
+            yield JobQueue(pool, clock=clock, connection=connection)
         finally:
+            await connection.aclose()
             await pool.aclose()
         return
     pool = embedded_pool()
@@ -132,6 +163,7 @@ async def relay_queue(
         handle_signals=False,
         metrics=WorkerMetrics(registry),
         started=started,
+        writable=writable,
     )
     assert isinstance(worker, EmbeddedWorker)
     task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
@@ -140,7 +172,7 @@ async def relay_queue(
         if not started.done():
             task.result()  # the worker stopped before its destinations started: its error
         started.result()  # a destination that can never deliver stops the server's start
-        yield JobQueue(pool, on_enqueue=worker.wake, clock=clock)
+        yield JobQueue(pool, on_enqueue=worker.wake, clock=clock, connection=worker.connection)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)  # its error, if any, was raised
@@ -152,12 +184,21 @@ async def close_worker(worker: Worker) -> None:
     re-run later), wait for them, then run its shutdown (sweeper, connections).
 
     arq's own ``close()`` awaits the cancelled jobs without catching their cancellation, which
-    would raise and skip the shutdown hook; awaiting them here first avoids that."""
+    would raise and skip the shutdown hook; awaiting them here first avoids that. It also
+    deletes its health key in Redis before the shutdown hook: with the queue lost that raises,
+    so the hook and the closing of the pool are run here then."""
     for job in worker.tasks.values():
         job.cancel()
     await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
     worker.tasks.clear()  # awaited above; arq's close() would re-raise their cancellation
-    await worker.close()
+    try:
+        await worker.close()
+    except Exception as exc:
+        if not queue_lost(exc):
+            raise
+        if worker.on_shutdown is not None:
+            await worker.on_shutdown(worker.ctx)
+        await worker.pool.close(close_connection_pool=True)
 
 
 def embedded_pool() -> ArqRedis:
@@ -172,7 +213,7 @@ async def connect_database(engine: AsyncEngine) -> None:
     opened with the standard library first: a file that cannot be opened then never reaches the
     async driver, whose thread would report it to an event loop that may be closed by then
     (a traceback of that thread after the one-line error)."""
-    where = without_credentials(engine.url.render_as_string(hide_password=True))
+    where = database_address(engine.url)
     path = sqlite_file(engine)
     try:
         if path is not None:
@@ -237,13 +278,9 @@ async def start(settings: Settings) -> Runtime:
         await prepare_database(engine)
         if settings.redis_url:
             await (await open_pool(settings.redis_url)).aclose()
-        token = None
-        sources = dict(settings.sources)
-        if not sources:
-            token = await generated_token(engine)
-            sources = {DEFAULT_SOURCE: token_source(token)}
+        served = await served_sources(settings.sources, engine)
         config = ReceiverConfig(
-            sources=sources,
+            sources=served.sources,
             max_body_bytes=settings.max_body_bytes,
             trusted_proxies=tuple(settings.trusted_proxies),
             writer_process=settings.writer_process,
@@ -252,7 +289,7 @@ async def start(settings: Settings) -> Runtime:
     except BaseException:
         await engine.dispose()
         raise
-    return Runtime(settings, engine, config, token, console)
+    return Runtime(settings, engine, config, served.generated, console)
 
 
 async def run_worker(

@@ -15,13 +15,15 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from receivers.config import source_prefix
+from receivers.config import DEFAULT_SOURCE, source_prefix
 from receivers.kinds import kinds_by_path
 from relay import log_redaction
 from relay.admin_listener import ADMIN_PATHS, AdminSplit
 from relay.connection_guard import ConnectionGuard, EdgeLimits
 from relay.console.access import GENERATED_USER, ConsoleAccess
 from relay.console.web import CONSOLE_PATH
+from relay.default_source import GeneratedToken, TokenUse
+from relay.known_secrets import KnownSecrets
 from relay.listening import Listeners, listening, reason, url_host
 from relay.runtime import Runtime, start
 from relay.settings import Settings, SettingsError
@@ -44,15 +46,26 @@ CONNECTIONS_WITHOUT_LIMIT = 10_000
 
 
 async def serve(
-    settings: Settings, host: str, port: int, log_level: str = "info", *, access_log: bool = True
+    settings: Settings,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    *,
+    access_log: bool = True,
+    secrets: KnownSecrets | None = None,
 ) -> None:
-    """Serve until interrupted. The ports are bound first: one that cannot be is a
+    """Serve until interrupted; the values the installation generated are added to the
+    ``secrets`` its logs mask. The ports are bound first: one that cannot be is a
     :class:`SettingsError` before anything else starts."""
     with listening(settings, host, port) as listeners:
         runtime = await start(settings)
+        if secrets is not None:
+            secrets.add(*runtime.generated_secrets())
         try:
-            if runtime.generated_token is not None:
-                print_callback_urls(runtime, host, listeners.public.port)
+            if runtime.generated is not None:
+                print_generated_token(
+                    runtime.generated, list(settings.sources), host, listeners.public.port
+                )
             if runtime.console is not None:
                 print_console_url(runtime.console, listeners.console.host, listeners.console.port)
             app: ASGIApp = runtime.app()
@@ -251,13 +264,39 @@ def print_console_url(console: ConsoleAccess, host: str, port: int) -> None:
     click.echo("(kept in the database; configure [console.users] to choose your own).")
 
 
-def print_callback_urls(runtime: Runtime, host: str, port: int) -> None:
-    """Tell the operator which URLs to give the platform (printed once, never logged)."""
-    base = f"{shown_address(host, port)}{source_prefix('default')}"
-    click.echo("No sources configured: generated a token for the default source")
-    click.echo("(kept in the database; configure [sources.default] to choose your own).")
-    click.echo("Give the platform these callback URLs (use your public https address):")
+def print_generated_token(
+    generated: GeneratedToken, configured: list[str], host: str, port: int
+) -> None:
+    """Tell the operator what the default source's generated token does and why, and while it
+    serves, the URLs to give the platform (printed at every start, never logged);
+    ``configured`` names the configured sources."""
+    if generated.use is TokenUse.RETIRED:
+        click.echo(
+            "The default source's generated token is retired: [sources.default] is configured,\n"
+            "and its callbacks must pass the checks configured there (the generated token counts\n"
+            "only if it is listed there). `relay sources forget-default` deletes it from the "
+            "database."
+        )
+        return
+    if generated.use is TokenUse.ALONE:
+        click.echo("No sources configured: generated a token for the default source")
+        click.echo("(kept in the database; configure [sources.default] to choose your own).")
+        click.echo("Give the platform these callback URLs (use your public https address):")
+    else:
+        click.echo(
+            f"Sources configured: {', '.join(configured)}; [sources.default] is not.\n"
+            "The default source is still served with the token generated at an earlier start "
+            "(kept in the\ndatabase), because the platform may still call its URLs and would "
+            "lose its callbacks to a 404.\nTo retire it, configure [sources.default] or run "
+            "`relay sources forget-default`.\nIts callback URLs (use your public https address):"
+        )
+    print_callback_urls(generated.token, host, port)
+
+
+def print_callback_urls(token: str, host: str, port: int) -> None:
+    """The default source's callback URLs with ``token``, one per receiver path."""
+    base = f"{shown_address(host, port)}{source_prefix(DEFAULT_SOURCE)}"
     for path, kinds in kinds_by_path().items():
         names = list(dict.fromkeys(kind.name for kind in kinds))  # a kind's variants: one name
         label = names[0] if len(names) == 1 else names[0].split(".")[0] + ".*"
-        click.echo(f"  {label:<16} {base}{path}?token={runtime.generated_token}")
+        click.echo(f"  {label:<16} {base}{path}?token={token}")

@@ -13,6 +13,7 @@ from arq.connections import ArqRedis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
+from receivers.store import StoreWritable
 from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import Destination, build_destination, new_http_client
@@ -20,6 +21,8 @@ from relay.destinations.errors import DestinationRefused
 from relay.jobs import JobQueue
 from relay.metrics import WorkerMetrics
 from relay.outbox import EventRef
+from relay.pruner import Pruner
+from relay.queue_connection import QueueConnection
 from relay.router import Router
 from relay.settings import Settings, SettingsError
 from relay.sweeper import Sweeper
@@ -36,18 +39,35 @@ class RoutingHook:
     """The receivers' after-commit hook: create the deliveries and enqueue their first jobs.
 
     If it fails (or the process dies first), the events stay unrouted in SQL and the sweeper
-    routes them: the hook is the fast path, never the only one."""
+    routes them: the hook is the fast path, never the only one. So an outage is no error here:
+    while the queue's Redis is lost the deliveries are only routed (the sweepers enqueue them
+    once it is back), and while the store refuses writes (full, unreachable) the events stay
+    unrouted; ``writable`` (the process's state of the relay's writes) and the queue's
+    connection log each outage once, not per call."""
 
-    def __init__(self, engine: AsyncEngine, router: Router, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        router: Router,
+        clock: Callable[[], datetime],
+        writable: StoreWritable | None = None,
+    ) -> None:
         self._engine = engine
         self._router = router
         self._clock = clock
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self.queue: JobQueue | None = None
         """Attached once the queue is connected (in the app's lifespan)."""
 
     async def __call__(self, events: Sequence[StoredEvent]) -> None:
         refs = [EventRef(e.id, e.source, e.kind, e.payload, e.received_at) for e in events]
-        due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        try:
+            due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        except Exception as exc:
+            if self._writable.failed(exc):
+                return  # the sweeper routes them once the store takes writes again
+            raise
+        self._writable.succeeded()
         if self.queue is not None:
             await self.queue.enqueue(due)
 
@@ -61,6 +81,8 @@ class WorkerServices:
     sweeper: Sweeper
     http_client: httpx.AsyncClient
     targets: dict[str, Target]
+    pruner: Pruner | None = None
+    """Applies ``retention`` in the background; None while it is not set."""
 
     async def start(self) -> None:
         """Start every destination, all at once, waiting at most :data:`START_WAIT_SECONDS`
@@ -108,16 +130,21 @@ def worker_services(
     clock: Callable[[], datetime],
     *,
     metrics: WorkerMetrics | None = None,
+    connection: QueueConnection | None = None,
+    writable: StoreWritable | None = None,
 ) -> WorkerServices:
     """Build the destinations and the deliverer of one worker; its deliverer and sweeper
-    record in ``metrics`` (a private registry by default)."""
+    record in ``metrics`` (a private registry by default), and tell the outages they meet to
+    ``connection`` (the queue's) and ``writable`` (the process's state of the relay's writes);
+    new ones by default."""
+    writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
     metrics = metrics if metrics is not None else WorkerMetrics()
     http_client = new_http_client(limits=HTTP_LIMITS)
     targets = {
         name: Target(build_destination(name, config, http_client=http_client), config.timeout)
         for name, config in settings.destinations.items()
     }
-    queue = JobQueue(pool, clock=clock)
+    queue = JobQueue(pool, clock=clock, connection=connection)
     deliverer = Deliverer(
         engine,
         targets,
@@ -126,6 +153,7 @@ def worker_services(
         lease=lease_for(settings),
         concurrency=settings.worker_concurrency,
         metrics=metrics,
+        writable=writable,
     )
     sweeper = Sweeper(
         engine,
@@ -134,5 +162,9 @@ def worker_services(
         clock=clock,
         interval=settings.sweep_interval,
         metrics=metrics,
+        writable=writable,
     )
-    return WorkerServices(deliverer, queue, sweeper, http_client, targets)
+    pruner = (
+        Pruner(engine, settings.retention, clock=clock) if settings.retention is not None else None
+    )
+    return WorkerServices(deliverer, queue, sweeper, http_client, targets, pruner)

@@ -31,6 +31,7 @@ from relay.counts import Count
 from relay.destinations.config import DestinationConfig
 from relay.durations import Duration
 from relay.policies import Policy, PolicyConfigs, resolve_policies
+from relay.retention import platform_retry_window, shortest_retention
 from relay.router import PLATFORM_POLICY
 
 ENV_PREFIX = "RELAY_"
@@ -87,6 +88,9 @@ class Settings(BaseSettings):
     writer_process: bool = True
     """A SQLite file's events are written by a process of its own (a speed trick; off: by the
     server's own process, as for PostgreSQL)."""
+    retention: Duration | None = None
+    """How long events and quarantined bodies are kept (see :mod:`relay.retention`); None
+    (the default, or empty): for ever."""
     metrics_refresh_interval: Duration = timedelta(seconds=5)
     """The store's gauges on ``/metrics`` are read from the database at most this often."""
     admin_port: Count | None = Field(default=None, ge=1, le=65535)
@@ -144,10 +148,23 @@ class Settings(BaseSettings):
             raise ValueError("admin_host is set but admin_port is not: set both, or neither")
         return self
 
-    @field_validator("max_connections", mode="before")
+    @field_validator("max_connections", "retention", mode="before")
     @classmethod
-    def _empty_is_derived(cls, value: Any) -> Any:
+    def _empty_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("retention")
+    @classmethod
+    def _outlives_the_platform_retries(cls, value: timedelta | None) -> timedelta | None:
+        shortest = shortest_retention()
+        if value is not None and value < shortest:
+            raise ValueError(
+                f"must be at least {_days(shortest)}, or left out to keep everything: the "
+                f"platform sends a callback again for up to {_days(platform_retry_window())}, "
+                "and a retry of a removed event would be stored and relayed again as a new "
+                f"one (got {_days(value)})"
+            )
+        return value
 
     @field_validator("redis_url")
     @classmethod
@@ -193,6 +210,10 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Environment variables win over the file's values (given as init arguments)."""
         return env_settings, init_settings
+
+
+def _days(duration: timedelta) -> str:
+    return f"{duration.total_seconds() / 86400:g} days"
 
 
 DATABASE_DRIVERS = ("sqlite", "sqlite+aiosqlite", "postgresql", "postgres", "postgresql+asyncpg")

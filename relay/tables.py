@@ -44,8 +44,11 @@ class Delivery(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("event_id", "destination", name="uq_deliveries_event_destination"),
         Index("ix_deliveries_due", "status", "next_attempt_at"),
-        Index("ix_deliveries_destination_status", "destination", "status", "created_at"),
-        Index("ix_deliveries_status_created", "status", "created_at"),
+        # The console's lists: one index per filter, in the list's order (time, then id).
+        Index("ix_deliveries_created", "created_at", "id"),
+        Index("ix_deliveries_status_created", "status", "created_at", "id"),
+        Index("ix_deliveries_destination_created", "destination", "created_at", "id"),
+        Index("ix_deliveries_destination_status", "destination", "status", "created_at", "id"),
         Index("ix_deliveries_order", "destination", "order_key", "status", "arrived_at"),
     )
 

@@ -28,14 +28,16 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay.simulator import factories
 
@@ -550,3 +552,31 @@ def require_local(url: str, what: str) -> None:
     host = urlsplit(url).hostname
     if host not in LOCAL_HOSTS:
         raise BenchError(f"{what} must be on 127.0.0.1 (got host {host!r})")
+
+
+@contextlib.asynccontextmanager
+async def fresh_store(backend: str, admin_dsn: str, prefix: str) -> AsyncIterator[AsyncEngine]:
+    """A migrated, empty store of a run's own: a SQLite file in a temporary directory, or a
+    PostgreSQL database ``<prefix>_<random>`` made through ``admin_dsn``, dropped at the end."""
+    from receivers.store import create_engine
+    from relay import migrate
+
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix=f"{prefix}-") as directory:
+            engine = create_engine(f"sqlite:///{Path(directory) / 'relay.db'}")
+            try:
+                await migrate.upgrade(engine)
+                yield engine
+            finally:
+                await engine.dispose()
+        return
+    name = f"{prefix}_{os.urandom(4).hex()}"
+    await admin_execute(admin_dsn, f'CREATE DATABASE "{name}"')
+    base = admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
+    engine = create_engine(f"{base}/{name}")
+    try:
+        await migrate.upgrade(engine)
+        yield engine
+    finally:
+        await engine.dispose()
+        await admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -25,7 +25,10 @@ is printed with its time since the traffic started and its wall-clock time):
    platform's retries cover the gap);
 4. 55 %: Redis flushed: FLUSHDB of the run's database (``--flush db``, the default), or
    FLUSHALL, every database of the server, as a lost Redis would be (``--flush all``: only on a
-   Redis of the run's own, never on one that others use);
+   Redis of the run's own, never on one that others use); or, with ``--redis-outage sigterm``
+   or ``sigkill``, Redis stopped with that signal and started again on the same port
+   ``--fault-seconds`` later (the run's own ``redis-server`` on a free port, with an
+   append-only file in the work directory: ``--redis-url`` is not used then);
 5. 70 %: the sink answers only after ``--slow-seconds`` (2 s, longer than the destination's 1 s
    timeout) for ``--fault-seconds``: the relay sees time-outs, the sink has the events anyway;
 6. 85 %: worker-2 is SIGKILLed and started again.
@@ -85,7 +88,8 @@ out-of-order events with every event of their key, its delivery attempts and its
 exit status is 1 when anything was lost or a check failed (a callback given up by the platform,
 acknowledged ids missing from the store, deliveries still pending at the deadline, with
 ``--ordering per-key`` an event out of order), 2
-when the run itself failed (a process did not start, ``--timeout`` expired). Every process, the
+when the run itself failed (a process did not start or exited on its own, ``--timeout``
+expired). Every process, the
 database, the Redis database and the temp directory are cleaned up on every path, Ctrl-C and
 SIGTERM included.
 
@@ -111,6 +115,7 @@ Run it with the project's interpreter (PostgreSQL and Redis on 127.0.0.1)::
     python scripts/chaos.py --ordering per-key --events 3000
     python scripts/chaos.py --no-faults --servers 1 --workers 1 --events 5000
     python scripts/chaos.py --destination nats --events 5000
+    python scripts/chaos.py --redis-outage sigkill --events 20000
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ from arq.constants import health_check_key_suffix, in_progress_key_prefix
 from benchlib import (
     HOST,
     POLL_INTERVAL_SECONDS,
+    READY_TIMEOUT_SECONDS,
     BenchError,
     Server,
     admin_execute,
@@ -208,6 +214,9 @@ LOG_PATTERNS = {
     "arq max retries": re.compile(r"max retries"),
     "job timeouts": re.compile(r"TimeoutError|timed out", re.IGNORECASE),
     "errors": re.compile(r"\bERROR\b|\bError\b"),
+    "queue lost": re.compile(r"queue lost: "),
+    "queue back": re.compile(r"queue back after "),
+    "redis exceptions in tracebacks": re.compile(r"^redis\.exceptions\."),
 }
 
 
@@ -260,13 +269,65 @@ class Fault:
         return f"t={self.t:7.2f}s  {clock}  {self.name}{': ' + self.detail if self.detail else ''}"
 
 
+class PrivateRedis:
+    """``--redis-outage``: the run's own ``redis-server`` on ``port``, with an append-only file
+    in ``workdir`` (as docs/operations.md advises), stopped and started again on that port."""
+
+    def __init__(self, workdir: Path, port: int) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise BenchError("--redis-outage needs the redis-server binary")
+        self.binary, self.workdir, self.port = binary, workdir, port
+        self.url = f"redis://{HOST}:{port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        with (self.workdir / "redis.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    *(self.binary, "--port", str(self.port), "--bind", HOST),
+                    *("--save", "", "--appendonly", "yes", "--dir", str(self.workdir)),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        client = redis.Redis(host=HOST, port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return
+                except (redis.RedisError, OSError):
+                    pass
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop(signal.SIGKILL)
+                    raise BenchError(f"redis-server on port {self.port} did not start")
+                time.sleep(POLL_INTERVAL_SECONDS)
+        finally:
+            client.close()
+
+    def stop(self, how: signal.Signals) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(how)
+            self.process.wait(timeout=STOP_GRACE_SECONDS)
+
+    def close(self) -> None:
+        self.stop(signal.SIGTERM)
+
+
 class Deployment:
     """The processes of the run: sink, serve-1..N, worker-1..M. Every process ever started is
     kept in ``started`` (for the clean-up); ``current`` maps a role to its live process."""
 
-    def __init__(self, workdir: Path, redis_url: str) -> None:
+    def __init__(
+        self, workdir: Path, redis_url: str, redis_server: PrivateRedis | None = None
+    ) -> None:
         self.workdir = workdir
         self.redis_url = redis_url
+        self.redis_server = redis_server
+        """The run's own Redis (``--redis-outage``), or None."""
         self.env = relay_env()
         self.started: list[Server] = []
         self.current: dict[str, Server] = {}
@@ -300,6 +361,13 @@ class Deployment:
         server = self.start(role)
         await wait_ready(server, "/_bench/healthz" if role == "sink" else "/readyz")
         return server
+
+    def check_alive(self) -> None:
+        """A BenchError naming the first process that exited on its own (with its log's
+        tail): only the faults stop processes."""
+        for role, server in self.current.items():
+            if server.process.poll() is not None:
+                raise BenchError(f"{role} exited:\n{server.log_tail()}")
 
     def note(self, name: str, detail: str = "") -> Fault:
         fault = Fault(time.monotonic() - self.t0, time.time(), name, detail)
@@ -580,17 +648,33 @@ async def inject_faults(
         what = "FLUSHALL" if args.flush == "all" else "FLUSHDB"
         deployment.note(f"Redis {what}", f"{queued} jobs were queued or running")
 
+    async def redis_outage() -> None:
+        server = deployment.redis_server
+        assert server is not None
+        how = signal.Signals[args.redis_outage.upper()]
+        queued = await jobs_in_progress(deployment.redis_url)
+        await asyncio.to_thread(server.stop, how)
+        deployment.note(
+            f"Redis down ({how.name})",
+            f"port {server.port}, {queued} jobs were running; for {args.fault_seconds:g} s",
+        )
+        await asyncio.sleep(args.fault_seconds)
+        await asyncio.to_thread(server.start)
+        deployment.note("Redis back", f"started again on port {server.port}, same data")
+
     steps: list[Callable[[], Coroutine[Any, Any, None]]] = [
         lambda: sink_fault("fail", 0.0, "answers HTTP 500"),
         lambda: kill_worker("worker-1"),
         lambda: restart_serve("serve-2"),
-        flush,
+        flush if args.redis_outage == "none" else redis_outage,
         lambda: sink_fault("slow", args.slow_seconds, f"answers after {args.slow_seconds:g} s"),
         lambda: kill_worker("worker-2"),
     ]
     for share, step in zip(FAULT_SHARES, steps, strict=True):
         await reach(share)
+        deployment.check_alive()  # else a kill or restart would hide a process that died
         await step()
+    deployment.check_alive()
 
 
 async def no_faults() -> None:
@@ -646,9 +730,7 @@ async def settle(dsn: str, deadline: float, deployment: Deployment) -> bool:
                     file=sys.stderr,
                     flush=True,
                 )
-            for role, server in deployment.current.items():
-                if server.process.poll() is not None:
-                    raise BenchError(f"{role} exited:\n{server.log_tail()}")
+            deployment.check_alive()
             await asyncio.sleep(SETTLE_POLL_SECONDS)
     finally:
         await conn.close()
@@ -840,7 +922,10 @@ class Reconciliation:
         """``slack``: how long after a kill or an outage the first copy of a duplicate may
         have arrived and still be explained by it."""
         kills = [fault.at for fault in faults if fault.name.startswith("SIGKILL")]
-        flushes = [fault.at for fault in faults if fault.name.startswith("Redis")]
+        flushes = [fault.at for fault in faults if fault.name.startswith("Redis FLUSH")]
+        redis_outages = [
+            fault.at for fault in faults if fault.name.startswith(("Redis down", "Redis back"))
+        ]
         outages = [fault.at for fault in faults if fault.name.startswith("broker back")]
         in_time: dict[str, float] = {}  # first 2xx answered in time
         successes: dict[str, list[tuple[float, str]]] = {}  # every 2xx: (arrival, mode)
@@ -865,6 +950,8 @@ class Reconciliation:
                     reasons["across a worker kill"] += 1
                 elif any(before <= flush <= after for flush in flushes):
                     reasons["across the Redis flush"] += 1
+                elif any(before <= change <= after for change in redis_outages):
+                    reasons["across the Redis outage"] += 1
                 elif any(before - slack <= back <= after for back in outages):
                     reasons["across a broker outage"] += 1
                 else:
@@ -1231,8 +1318,11 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
     require_local(args.pg_admin_dsn, "PostgreSQL")
     require_local(args.redis_url, "Redis")
     database = f"chaos_{secrets.token_hex(6)}"
-    deployment = Deployment(workdir, args.redis_url)
     created = False
+    redis_server = PrivateRedis(workdir, free_port()) if args.redis_outage != "none" else None
+    if redis_server is not None:
+        args.redis_url = redis_server.url
+    deployment = Deployment(workdir, args.redis_url, redis_server)
     with sigterm_interrupts():
         try:
             try:
@@ -1255,7 +1345,10 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                     shutil.copy2(log, args.keep_logs / log.name)
             if created:
                 drop_database(args.pg_admin_dsn, database)
-            flush_run_database(args.redis_url)
+            if redis_server is not None:
+                redis_server.close()
+            else:
+                flush_run_database(args.redis_url)
     report.log_notes = deployment.log_notes()
     report.duration_s = time.monotonic() - started
     return report
@@ -1319,6 +1412,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="db",
         help="db: FLUSHDB of the run's database only (default); all: FLUSHALL, every database "
         "of the server (only on a Redis of the run's own)",
+    )
+    parser.add_argument(
+        "--redis-outage",
+        choices=("none", "sigterm", "sigkill"),
+        default="none",
+        help="instead of the flush, stop Redis with this signal for --fault-seconds and start it "
+        "again on the same port (a redis-server of the run's own; --redis-url is not used)",
     )
     parser.add_argument(
         "--redis-url",

@@ -8,10 +8,11 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import asyncpg
 import httpx
@@ -44,6 +45,8 @@ TABLES = (
     "received_events",
     "rejected_bodies",
     "relay_instance_settings",
+    "console_sessions",
+    "console_login_throttle",
 )
 
 
@@ -218,38 +221,51 @@ async def redis() -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-def _start_private_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``redis-server`` on a free loopback port, answering PING; a few ports are tried (another
-    process may take the probed one before the server binds it)."""
+NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
+
+
+def _start_private_redis(
+    binary: str,
+    workdir: Path,
+    *,
+    port: int | None = None,
+    options: Sequence[str] = NO_PERSISTENCE,
+    password: str | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``redis-server`` on a free loopback port (or on ``port``), with ``options``, answering
+    PING; a few free ports are tried (another process may take the probed one before the server
+    binds it). With a ``password``, the server requires it (``requirepass``) and the URL holds
+    it."""
     problems = []
-    for attempt in range(3):
-        port = free_port()
-        log = workdir / f"redis-{port}.log"
-        with log.open("wb") as out:
+    for attempt in range(3 if port is None else 1):
+        chosen = port if port is not None else free_port()
+        log = workdir / f"redis-{chosen}.log"
+        with log.open("ab") as out:
             process = subprocess.Popen(
                 [
                     binary,
                     "--port",
-                    str(port),
+                    str(chosen),
                     "--bind",
                     "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
+                    *options,
                     "--dir",
                     str(workdir),
+                    *(["--requirepass", password] if password else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        client = redis_sync.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+        client = redis_sync.Redis(
+            host="127.0.0.1", port=chosen, password=password, socket_connect_timeout=0.5
+        )
         deadline = time.monotonic() + PRIVATE_REDIS_START_TIMEOUT_S
         try:
             while process.poll() is None and time.monotonic() < deadline:
                 try:
                     if client.ping():
-                        return process, f"redis://127.0.0.1:{port}/0"
+                        userinfo = f":{quote(password, safe='')}@" if password else ""
+                        return process, f"redis://{userinfo}127.0.0.1:{chosen}/0"
                 except (RedisError, OSError):
                     time.sleep(0.05)
         finally:
@@ -257,24 +273,33 @@ def _start_private_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[b
         state = "exited" if process.poll() is not None else "no PING answer"
         stop_process(process)
         tail = log.read_text(errors="replace")[-1000:]
-        problems.append(f"attempt {attempt + 1}, port {port}: {state}\n{tail}")
+        problems.append(f"attempt {attempt + 1}, port {chosen}: {state}\n{tail}")
     raise RuntimeError(
         f"redis-server did not answer PING within {PRIVATE_REDIS_START_TIMEOUT_S} s:\n"
         + "\n".join(problems)
     )
 
 
-@pytest.fixture
-def private_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Redis server of this test's own (``redis-server`` on a free port, nothing saved), for
-    tests that FLUSHALL: the machine's Redis is shared. Missing ``redis-server``: fails under
-    CI=true, skipped otherwise."""
+@contextmanager
+def private_redis(workdir: Path, password: str | None = None) -> Iterator[str]:
+    """The URL of a Redis server of the caller's own (``redis-server`` on a free port, nothing
+    saved, its files in ``workdir``; requiring ``password`` if given), stopped afterwards.
+    Missing ``redis-server``: fails under CI=true, skipped otherwise."""
     binary = shutil.which("redis-server")
     if binary is None:
         service_missing("redis-server (for a private Redis)", FileNotFoundError("redis-server"))
     assert binary is not None
-    process, url = _start_private_redis(binary, tmp_path_factory.mktemp("redis"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    process, url = _start_private_redis(binary, workdir, password=password)
     try:
         yield url
     finally:
         stop_process(process)
+
+
+@pytest.fixture
+def private_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this test's own, for tests that FLUSHALL: the machine's Redis is
+    shared (see :func:`private_redis`)."""
+    with private_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -83,6 +84,18 @@ async def within(awaitable: Awaitable[Any], *, timeout: float = WAIT_SECONDS) ->
     """Await ``awaitable``, failing the test after ``timeout`` seconds."""
     async with asyncio.timeout(timeout):
         return await awaitable
+
+
+def driver_threads() -> set[threading.Thread]:
+    """The live threads of aiosqlite connections (one each)."""
+    return {t for t in threading.enumerate() if t.name.endswith("(_connection_worker_thread)")}
+
+
+async def drivers_ended(before: set[threading.Thread]) -> None:
+    """Wait until the aiosqlite threads started since ``before`` have ended: one whose
+    connection failed to open still hands its end to the event loop, which must not be closed
+    by then (a thread's traceback in the next test)."""
+    await eventually(lambda: not driver_threads() - before)
 
 
 def blocking_eventually(check: Callable[[], Any], *, timeout: float = WAIT_SECONDS) -> Any:

@@ -39,6 +39,8 @@ from tests.store_support import (
     EVENTS,
     NOW,
     arrival,
+    driver_threads,
+    drivers_ended,
     rejected_bodies,
     rejection,
     stored_events,
@@ -152,9 +154,11 @@ async def unreachable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         url = f"sqlite:///{tmp_path / 'missing' / 'relay.db'}"
     else:
         url = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
+    before = driver_threads()
     engine = create_engine(url)
     yield engine
     await engine.dispose()
+    await drivers_ended(before)
 
 
 async def test_an_unavailable_database_fails_the_whole_batch(

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 from freezegun import freeze_time
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relay.breaker import (
     DestinationHealth,
     after_failure,
     after_gone,
+    after_outcome,
     after_success,
     enabled,
     hold_until,
@@ -102,3 +106,67 @@ def test_410_disables_until_an_operator_enables() -> None:
     assert hold_until(health, START) is None  # disabled is signalled separately
     assert enabled(health) == DestinationHealth()
     assert not enabled(fail(after_gone(DestinationHealth()), 100, START)).paused_until
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An attempt's outcome as the breaker reads it."""
+
+    ok: bool = False
+    gone: bool = False
+    down: bool = False
+
+
+SUCCESS, DOWN, REFUSED, GONE = Seen(ok=True), Seen(down=True), Seen(), Seen(gone=True)
+
+
+@dataclass(frozen=True)
+class Pause:
+    pause_after: int
+    pause_for: timedelta
+
+
+@given(
+    outcomes=st.lists(st.sampled_from([SUCCESS, DOWN, REFUSED]), max_size=300),
+    pause_after=st.integers(1, 40),
+)
+def test_the_count_is_the_downs_since_the_last_success_and_a_refusal_changes_nothing(
+    outcomes: list[Seen], pause_after: int
+) -> None:
+    rule = Pause(pause_after, TEN_MIN)
+    health, downs, paused_until = DestinationHealth(), 0, None
+    for second, outcome in enumerate(outcomes):
+        now = START + timedelta(seconds=second)
+        before = health
+        health = after_outcome(health, outcome, rule, now)
+        if outcome == REFUSED:
+            assert health == before  # neither counted nor reset
+            continue
+        if outcome == SUCCESS:
+            downs, paused_until = 0, None
+        else:
+            downs += 1
+            if downs % pause_after == 0:
+                paused_until = now + TEN_MIN
+        assert health == DestinationHealth(downs, paused_until)
+
+
+def test_refusals_never_pause_however_many_and_downs_still_do() -> None:
+    """The attack: any number of messages refused one by one leave the breaker closed; a run of
+    downs pauses even with refusals in between."""
+    health = DestinationHealth()
+    for second in range(10_000):
+        health = after_outcome(health, REFUSED, SMS, START + timedelta(seconds=second))
+    assert health == DestinationHealth()
+    for _ in range(99):
+        health = after_outcome(health, DOWN, SMS, START)
+        health = after_outcome(health, REFUSED, SMS, START)
+    assert health.paused_until is None
+    health = after_outcome(health, DOWN, SMS, START)
+    assert health == DestinationHealth(100, START + TEN_MIN)
+
+
+def test_410_keeps_its_own_rule_and_a_success_still_resets() -> None:
+    failing = fail(DestinationHealth(), 3, START)
+    assert after_outcome(failing, GONE, SMS, START) == after_gone(failing)
+    assert after_outcome(failing, SUCCESS, SMS, START) == DestinationHealth()

@@ -2,7 +2,8 @@
 on PostgreSQL and Redis, a destination that fails and then times out, a worker SIGKILLed, a serve
 process restarted and Redis flushed (FLUSHALL: the whole server) while the simulator sends; in the
 end every accepted event has reached the destination; with ``ordering = "per-key"`` on the
-destination, the events of each platform id in the order they arrived. The Redis server is the
+destination, the events of each platform id in the order they arrived; with Redis SIGKILLed and
+started again instead of flushed, the same, and no process exits. The Redis server is the
 test's own (``redis-server`` on a free port, fixture ``private_redis_url``), never the machine's
 shared one. The script and the relay processes it starts import this checkout (``PYTHONPATH``),
 whichever copy of the package the interpreter has installed.
@@ -182,3 +183,29 @@ def test_nothing_is_lost_when_the_broker_goes_away(private_redis_url: str) -> No
     assert report["duplicates"] == 0  # Nats-Msg-Id: the stream dropped every retried publish
     outages = [f["fault"] for f in report["faults"] if f["fault"].startswith("broker")]
     assert outages == ["broker down: nats broker", "broker back: nats broker"] * 2
+
+
+@pytest.mark.slow
+def test_nothing_is_lost_when_redis_restarts(private_redis_url: str) -> None:
+    """The same plan with Redis SIGKILLed and started again on the same port instead of the
+    flush (a redis-server of the script's own): no process exits (the run would fail), every
+    event arrives, and every process that lost the queue said so once and said it was back."""
+    require_services(private_redis_url)
+    events = 600
+    report = chaos_report(
+        private_redis_url,
+        *("--redis-outage", "sigkill", "--events", str(events)),
+        *("--ingest-seconds", "20", "--fault-seconds", "2"),
+    )
+
+    assert report["lost"] == 0, report["lost_ids"]
+    assert report["settled"]
+    assert report["accepted"] == report["delivered"] == events
+    assert report["deliveries"] == {"succeeded": events}
+    faults = [fault["fault"] for fault in report["faults"]]
+    assert "Redis down (SIGKILL)" in faults and "Redis back" in faults
+    assert not [fault for fault in faults if fault.startswith("Redis FLUSH")]
+    counts = report["log_notes"]["counts"]
+    assert counts.get("queue lost", 0) >= 2  # at least both workers, which poll all along
+    assert counts.get("queue back", 0) >= 2  # theirs (serve logs at warning level here)
+    assert counts.get("redis exceptions in tracebacks", 0) == 0, report["log_notes"]["samples"]

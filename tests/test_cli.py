@@ -209,7 +209,16 @@ async def postgresql_answers() -> None:
 
 
 @pytest.mark.parametrize("problem", ["refused", "unknown database"])
-@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "current"], ["events", "list"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["db", "upgrade"],
+        ["db", "current"],
+        ["events", "list"],
+        ["sources", "list"],
+        ["sources", "forget-default", "--yes"],
+    ],
+)
 def test_a_database_that_cannot_be_used_is_one_clear_line(
     tmp_path: Path, command: list[str], problem: str
 ) -> None:

@@ -8,16 +8,15 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from freezegun import freeze_time
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import RejectedBody
 from relay import outbox
-from relay.console.sessions import SESSION_COOKIE, Sessions
+from relay.console.sessions import SESSION_COOKIE
 from relay.simulator import factories
 from relay.tables import DEAD, HELD, PENDING
-from tests.console_support import KEY, PASSWORD, USER, ConsoleClient, console_client
+from tests.console_support import PASSWORD, USER, ConsoleClient, console_client
 from tests.relay_support import START, Clock, Relay, store_events
 from tests.support import Answer, Sink
 
@@ -106,34 +105,16 @@ async def test_a_login_without_its_form_token_is_refused(console: ConsoleClient)
     assert answer.status_code == 403
 
 
-async def test_failed_logins_are_throttled(console: ConsoleClient) -> None:
-    for _ in range(10):
-        assert (await console.login(USER, "wrong")).status_code == 401
-    answer = await console.login()  # the right password, too late
-    assert answer.status_code == 429
-    assert int(answer.headers["retry-after"]) > 0
-
-
-async def test_a_tampered_or_old_session_is_no_session(engine: AsyncEngine, clock: Clock) -> None:
-    with freeze_time(START) as frozen:
-        async with console_client(engine, clock, []) as console:
-            await console.login()
-            assert (await console.http.get("/console/events")).status_code == 200
-            cookie = console.http.cookies[SESSION_COOKIE]
-            console.http.cookies.set(SESSION_COOKIE, cookie[:-2] + "xx", path="/console")
-            assert (await console.http.get("/console/events")).status_code == 303
-            console.http.cookies.set(SESSION_COOKIE, cookie, path="/console")
-            frozen.tick(timedelta(hours=1, seconds=1))
-            assert (await console.http.get("/console/events")).status_code == 303
-
-
-def test_a_new_password_ends_the_sessions_issued_under_the_old_one() -> None:
-    before = Sessions(KEY, {USER: PASSWORD}, timedelta(hours=1))
-    cookie = before.session_cookie(USER)
-    assert before.operator(cookie) is not None
-    after = Sessions(KEY, {USER: PASSWORD + "!"}, timedelta(hours=1))
-    assert after.operator(cookie) is None
-    assert Sessions("another key", {USER: PASSWORD}, timedelta(hours=1)).operator(cookie) is None
+async def test_a_tampered_session_cookie_is_no_session(console: ConsoleClient) -> None:
+    await console.login()
+    cookie = console.http.cookies[SESSION_COOKIE]
+    console.http.cookies.clear()
+    flipped = cookie[:-1] + ("B" if cookie.endswith("A") else "A")
+    for tampered in (flipped, cookie + "x", cookie[1:]):
+        console.http.cookies.set(SESSION_COOKIE, tampered)
+        assert (await console.http.get("/console/events")).status_code == 303
+    console.http.cookies.set(SESSION_COOKIE, cookie)
+    assert (await console.http.get("/console/events")).status_code == 200
 
 
 async def test_actions_need_the_sessions_csrf_token(

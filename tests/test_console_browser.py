@@ -89,15 +89,10 @@ def sink() -> Iterator[str]:
 
 @pytest.fixture
 def server(tmp_path: Path, sink: str) -> Iterator[dict[str, Any]]:
-    port = free_port()
-    (tmp_path / "relay.toml").write_text(
+    yield from serve(
+        tmp_path,
+        sink,
         f"""
-[sources.default]
-token = "{TOKEN}"
-
-[console.users]
-{USER} = "{PASSWORD}"
-
 [policies.once]
 type = "delays"
 max_attempts = 1
@@ -113,7 +108,21 @@ type = "http"
 url = "{sink}/archive"
 policy = "once"
 kinds = ["sms.dlr"]
-"""
+""",
+    )
+
+
+def serve(tmp_path: Path, sink: str, destinations: str) -> Iterator[dict[str, Any]]:
+    """`relay serve` (embedded mode) with the console user and these destinations."""
+    port = free_port()
+    (tmp_path / "relay.toml").write_text(
+        f"""
+[sources.default]
+token = "{TOKEN}"
+
+[console.users]
+{USER} = "{PASSWORD}"
+{destinations}"""
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "relay", "serve", "--port", str(port), "--log-level", "warning"],
@@ -236,3 +245,88 @@ def test_the_console_in_a_browser(server: dict[str, Any]) -> None:
     archive = next(key for key in statuses(server["database"]) if key.endswith("/archive"))
     blocking_eventually(lambda: statuses(server["database"])[archive] == "succeeded")
     assert json.loads(httpx.get(f"{server['sink']}/_bench/count").text)["requests"] >= 2
+
+
+@pytest.fixture
+def ordered_server(tmp_path: Path, sink: str) -> Iterator[dict[str, Any]]:
+    """A per-key destination retrying hourly: a failed first delivery holds its line."""
+    yield from serve(
+        tmp_path,
+        sink,
+        f"""
+[policies.hourly]
+type = "delays"
+delays = ["1h"]
+give_up_after = "2h"
+
+[destinations.crm]
+type = "http"
+url = "{sink}/hook"
+policy = "hourly"
+ordering = "per-key"
+""",
+    )
+
+
+def by_event(database: Path) -> dict[str, tuple[str, str | None]]:
+    with sqlite3.connect(database) as conn:
+        return {
+            event: (status, error)
+            for event, status, error in conn.execute(
+                "SELECT event_id, status, last_error FROM deliveries"
+            )
+        }
+
+
+def test_giving_up_the_head_of_a_line_in_a_browser(ordered_server: dict[str, Any]) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    server = ordered_server
+    first, second, third = (
+        post(server, "/sms/dlr", factories.sms_dlr({"requestId": "req-line"}, status=status))
+        for status in ("ACCEPTED", "BUFFERED", "DELIVERED")
+    )
+    blocking_eventually(lambda: by_event(server["database"]).get(first, ("",))[0] == "pending")
+    blocking_eventually(  # the first failed (the sink fails) and waits an hour; the others wait
+        lambda: len(httpx.get(f"{server['sink']}/_bench/answers").json()) == 1
+    )
+    httpx.post(f"{server['sink']}/_bench/mode", json={"mode": "ok"})
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=CHROMIUM_FLAGS
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        try:
+            page.goto(f"{server['base']}/console/login")
+            page.get_by_label("User").fill(USER)
+            page.get_by_label("Password").fill(PASSWORD)
+            page.get_by_role("button", name="Log in").click()
+            page.goto(f"{server['base']}/console/events/{first}")
+            section = page.locator("section.delivery", has_text="crm")
+            expect(section.locator(".badge").first).to_have_text("pending")
+            section.get_by_role("button", name="Give up").click()
+
+            expect(page.get_by_role("heading", name="Give up this delivery?")).to_be_visible()
+            expect(page.locator("dd.behind")).to_have_text("2")
+            page.screenshot(path=ARTIFACTS / "give-up.png", full_page=True)
+            page.get_by_label("Reason (optional)").fill("the CRM rejects it")
+            page.get_by_role("button", name="Give up this delivery").click()
+
+            expect(page.get_by_role("status")).to_contain_text("Given up")
+            expect(section.locator(".badge").first).to_have_text("dead")
+            expect(section.get_by_role("button", name="Give up")).to_have_count(0)
+        finally:
+            browser.close()
+    assert by_event(server["database"])[first] == (
+        "dead",
+        f"given up by {USER}: the CRM rejects it",
+    )
+    # the line moved at once: the next two went without waiting for the hour
+    blocking_eventually(
+        lambda: (
+            [by_event(server["database"])[e][0] for e in (second, third)]
+            == ["succeeded", "succeeded"]
+        )
+    )

@@ -265,7 +265,7 @@ async def test_unroutable_message_is_a_failed_attempt(
     await rabbit.exchange(exchange)
     destination = make_destination(amqp_config(rabbit.url, exchange=exchange))
     outcome = await destination.deliver(outbound(7, source="eu"), timeout=5)
-    assert not outcome.ok
+    assert not outcome.ok and not outcome.down  # its routing key's: not the broker's down
     assert outcome.error == (
         f"unroutable: no queue bound to exchange {exchange!r} "
         "for routing key 'conversations.status.eu'"
@@ -290,6 +290,7 @@ async def test_nacked_message_is_a_failed_attempt(rabbit: Rabbit, make_destinati
     destination = make_destination(amqp_config(rabbit.url, exchange=exchange))
     outcome = await destination.deliver(outbound(9), timeout=5)
     assert (outcome.ok, outcome.error) == (False, "not confirmed: the broker nacked the message")
+    assert outcome.down  # a full queue: the broker cannot take messages now
 
 
 async def test_missing_exchange_fails_then_a_new_channel_delivers(
@@ -302,7 +303,7 @@ async def test_missing_exchange_fails_then_a_new_channel_delivers(
     destination = make_destination(amqp_config(rabbit.url, exchange=exchange))
     for number in (10, 11):  # twice: the closed channel is noticed and replaced each time
         outcome = await destination.deliver(outbound(number), timeout=5)
-        assert not outcome.ok
+        assert not outcome.ok and not outcome.down  # the broker answered the publish
         assert outcome.error is not None
         assert f"NOT_FOUND - no exchange {exchange!r} in vhost {rabbit.vhost!r}" in outcome.error
 
@@ -328,7 +329,7 @@ async def test_a_declaration_the_broker_refuses_is_a_failed_attempt(
     await destination.start()  # refused by the broker, which may change: not a refusal here
     for number in (13, 14):
         outcome = await destination.deliver(outbound(number), timeout=5)
-        assert not outcome.ok
+        assert not outcome.ok and not outcome.down  # a channel-level answer
         assert outcome.error is not None
         assert "PRECONDITION_FAILED - inequivalent arg 'type'" in outcome.error
 
@@ -476,7 +477,7 @@ async def test_silent_broker_times_out_within_the_timeout(make_destination: Make
         assert time.monotonic() - began < 1.5
         began = time.monotonic()
         outcome = await destination.deliver(outbound(42), timeout=0.5)
-        assert (outcome.ok, outcome.error) == (False, "timeout after 0.5s")
+        assert (outcome.ok, outcome.error, outcome.down) == (False, "timeout after 0.5s", True)
         assert time.monotonic() - began < 1.5
     finally:
         for writer in held:
@@ -508,7 +509,7 @@ async def test_broker_refusing_the_login_or_vhost_is_a_clear_failure(
     destination = make_destination(amqp_config(url, exchange="callbacks"))
     await destination.start()
     outcome = await destination.deliver(outbound(43), timeout=5)
-    assert not outcome.ok
+    assert not outcome.ok and outcome.down  # no connection: no message can go
     assert outcome.error is not None
     assert outcome.error.startswith(expected)
     assert PASSWORD not in outcome.error

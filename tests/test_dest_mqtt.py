@@ -204,7 +204,7 @@ async def test_publish_returns_only_once_the_broker_acknowledged(
         waited = time.monotonic() - began
         broker.resume()
         after = await sender.deliver(outbound(attempt=3), timeout=5)
-    assert (held.ok, held.error) == (False, "timeout after 0.5s")
+    assert (held.ok, held.error, held.down) == (False, "timeout after 0.5s", True)
     assert 0.5 <= waited < 2
     assert after.ok
     assert broker.connections(CLIENT_ID_PREFIX) == 1
@@ -236,13 +236,31 @@ async def test_a_publish_the_acl_denies_is_a_failed_attempt(acl_broker: PrivateB
         async with destination(mqtt_config("allowed/{kind}", url=url)) as allowed_sender:
             allowed = await allowed_sender.deliver(outbound(), timeout=5)
         [message] = await subscriber.wait_for(1)
-    assert (denied.ok, denied.error) == (
+    assert (denied.ok, denied.error, denied.down) == (
         False,
         "the broker refused the message: Not authorized (0x87)",
+        False,  # a refusal of this topic: not the broker's down
     )
     assert (again.ok, again.error) == (denied.ok, denied.error)
     assert acl_broker.connections(CLIENT_ID_PREFIX) == 2  # one per destination: no reconnect
     assert allowed.ok and message.topic.value == "allowed/conversations.status"
+
+
+async def test_a_message_the_broker_disconnects_over_is_that_messages_failure(
+    tmp_path: Path,
+) -> None:
+    """Mosquitto's ``max_packet_size``: a larger PUBLISH gets a DISCONNECT "Packet too large".
+    The attempt fails without counting as the broker's down; the next connects again."""
+    with private_broker(tmp_path, "max_packet_size 200") as small:
+        async with destination(mqtt_config("x/{kind}", url=small.url)) as sender:
+            large = await sender.deliver(outbound(), timeout=5)
+            again = await sender.deliver(outbound(attempt=2), timeout=5)
+    assert (large.ok, large.error, large.down) == (
+        False,
+        "disconnected by the broker: Packet too large",
+        False,
+    )
+    assert (again.ok, again.error, again.down) == (large.ok, large.error, large.down)
 
 
 async def test_aiomqtt_publish_waits_for_the_puback_but_hides_its_reason_code(
@@ -292,7 +310,7 @@ async def test_a_broker_that_never_answers_fails_within_the_timeout(
         back = await sender.deliver(outbound(attempt=2), timeout=5)
     finally:
         await sender.aclose()
-    assert (hung.ok, hung.error) == (False, "timeout after 0.5s")
+    assert (hung.ok, hung.error, hung.down) == (False, "timeout after 0.5s", True)
     assert 0.5 <= waited < 2
     assert back.ok
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import StreamConfig
+from nats.js.api import DiscardPolicy, StreamConfig
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -287,7 +287,7 @@ async def test_a_subject_no_stream_captures_is_a_failed_attempt(nats_client: Cli
     root = f"relay-test-nostream-{uuid.uuid4().hex[:12]}"
     async with destination(nats_config(f"{root}.{{kind}}")) as sender:
         outcome = await sender.deliver(outbound(), timeout=5)
-    assert not outcome.ok
+    assert not outcome.ok and not outcome.down  # this event's subject: not the server's down
     assert outcome.error == f"no JetStream stream captures subject '{root}.conversations.status'"
 
 
@@ -302,8 +302,40 @@ async def test_a_message_the_stream_refuses_is_a_failed_attempt_in_its_words(
         assert await stream_count(js, name) == 0
     finally:
         await js.delete_stream(name)
-    assert not outcome.ok and outcome.error is not None
+    assert not outcome.ok and outcome.error is not None and not outcome.down
     assert outcome.error.startswith("JetStream refused the message: message size exceeds")
+
+
+@pytest.mark.parametrize(
+    ("limits", "words", "down"),
+    [
+        ({"max_msgs": 1}, "maximum messages exceeded", True),
+        ({"max_bytes": 600}, "maximum bytes exceeded", True),
+        (
+            {"max_msgs_per_subject": 1, "discard_new_per_subject": True},
+            "maximum messages per subject exceeded",
+            False,  # a limit of one event's subject: that message's failure
+        ),
+    ],
+)
+async def test_a_full_stream_is_down_and_a_full_subject_is_that_messages_failure(
+    js: JetStreamContext, limits: dict[str, Any], words: str, down: bool
+) -> None:
+    name = f"relay-test-{uuid.uuid4().hex[:12]}"
+    config = StreamConfig(name=name, subjects=[f"{name}.>"], discard=DiscardPolicy.NEW, **limits)
+    await js.add_stream(config)
+    try:
+        async with destination(nats_config(f"{name}.{{kind}}")) as sender:
+            first = await sender.deliver(outbound(event_id="first"), timeout=5)
+            second = await sender.deliver(outbound(event_id="second"), timeout=5)
+    finally:
+        await js.delete_stream(name)
+    assert first.ok
+    assert (second.ok, second.error, second.down) == (
+        False,
+        f"JetStream refused the message: {words} (error 10077)",
+        down,
+    )
 
 
 async def test_a_server_that_does_not_answer_fails_the_attempt_at_its_timeout(
@@ -330,7 +362,7 @@ async def test_a_server_that_does_not_answer_fails_the_attempt_at_its_timeout(
             recovered = await sender.deliver(outbound(attempt=2), timeout=5)
     finally:
         stop_process(process)
-    assert (outcome.ok, outcome.error) == (False, "timeout after 1.0s")
+    assert (outcome.ok, outcome.error, outcome.down) == (False, "timeout after 1.0s", True)
     assert 0.9 < took < 3
     assert recovered.ok
 
@@ -354,7 +386,7 @@ async def test_a_wrong_password_is_a_failed_attempt_without_the_password(
         finally:
             await right.aclose()
 
-    assert not outcome.ok and outcome.error is not None
+    assert not outcome.ok and outcome.error is not None and outcome.down
     assert "authorization" in outcome.error.lower()
     assert PASSWORD not in outcome.error and PASSWORD not in caplog.text
     assert "right-password" not in str(refused.value) and "right-password" not in caplog.text
@@ -391,7 +423,7 @@ async def test_a_server_found_later_without_jetstream_fails_each_attempt_with_th
             )
     finally:
         await sender.aclose()
-    assert not outcome.ok and outcome.error == JETSTREAM_DISABLED
+    assert not outcome.ok and outcome.error == JETSTREAM_DISABLED and outcome.down
 
 
 async def test_a_server_that_goes_away_and_comes_back_needs_no_restart(tmp_path: Path) -> None:

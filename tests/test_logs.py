@@ -1,5 +1,5 @@
 """What `relay serve` and `relay worker` print: text or JSON lines, the level chosen, a delivery's
-context on its records, tokens masked whatever logger wrote them."""
+context on its records, secrets masked in every part of a line whatever logger wrote it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.known_secrets import KnownSecrets
 from relay.logs import configure_logging
+from relay.settings import Settings
+from relay.worker import started_line
 from tests.conftest import TOKEN
 from tests.store_support import child_environment
 from tests.support import free_port
@@ -133,3 +136,91 @@ def test_serve_prints_json_lines_with_the_worker_started_line(tmp_path: Path) ->
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
     assert str(lines[-1]["message"]).endswith(' - "POST /hooks/sms/inbound?*** HTTP/1.1" 401')
     assert TOKEN not in json.dumps(lines)
+
+
+SECRET = 'Pa55-"quoted"\\back-é-0123456789'
+"""A secret the settings hold, with what JSON and repr escape and what UTF-8 encodes."""
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.parametrize(
+    "logger_name",
+    ["relay.delivery", "httpx", "httpcore.http11", "uvicorn.access", "aiormq.connection", "nats"],
+)
+def test_every_part_of_a_printed_line_is_masked(
+    root_logger: None, log_format: str, logger_name: str
+) -> None:
+    """Message, arguments, context, traceback and stack: masked whatever logger wrote them,
+    the secrets the settings hold wherever they are, URL passwords and secret parameters
+    wherever they appear, and every JSON line stays JSON."""
+    stream = io.StringIO()
+    handler = configure_logging("debug", log_format, KnownSecrets([SECRET]))  # type: ignore[arg-type]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    try:
+        raise ValueError(f"cannot reach amqp://relay:other-pw@broker/?auth_token=t0k {SECRET!r}")
+    except ValueError:
+        record = logging.getLogger(logger_name).makeRecord(
+            logger_name,
+            logging.WARNING,
+            __file__,
+            1,
+            "POST http://svc:%s@host/in?api_key=%s",
+            (SECRET, "k3y-value"),
+            sys.exc_info(),
+            extra={"destination": f"crm {SECRET}", "user": SECRET, "attempt": 2},
+            sinfo=f"Stack (most recent call last):\n  secret = {SECRET!r}",
+        )
+    handler.handle(record)
+    printed = stream.getvalue()
+    for secret in (SECRET, "other-pw", "t0k", "k3y-value", json.dumps(SECRET)[1:-1]):
+        assert secret not in printed
+    assert "http://svc:***@host/in?api_key=***" in printed
+    assert "amqp://relay:***@broker/?auth_token=***" in printed
+    if log_format == "json":
+        [line] = printed.splitlines()
+        entry = json.loads(line)
+        assert entry["destination"] == "crm ***" and entry["user"] == "***"
+        assert entry["attempt"] == 2 and entry["logger"] == logger_name
+        assert "ValueError" in entry["exception"] and "***" in entry["exception"]
+        assert entry["stack"].endswith("secret = '***'")
+    else:
+        assert "ValueError: cannot reach" in printed and "secret = '***'" in printed
+        assert printed.rstrip().endswith("destination=crm *** attempt=2 user=***")
+
+
+def test_a_secret_too_short_to_mask_is_named_once_at_start_without_its_value(
+    root_logger: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    known = KnownSecrets(["guest"], too_short=["destinations.rabbit.url"])
+    configure_logging("info", "text", known)
+    warned = capsys.readouterr().err.splitlines()
+    assert (
+        len(warned) == 1
+        and "WARNING relay.logs: the secret in destinations.rabbit.url" in (warned[0])
+    )
+    assert "guest" not in warned[0]
+
+
+def test_the_worker_start_line_shows_the_database_without_any_of_its_password() -> None:
+    settings = Settings(
+        database_url="postgresql://relay:pa55/word?x#y@db.internal:5432/relay?sslmode=require",
+        redis_url="redis://:redis-pa55word@redis.internal:6379/0",
+    )
+    line = started_line(settings, "asyncio")
+    assert "database postgresql://db.internal:5432/relay;" in line
+    assert "queue Redis at redis://redis.internal:6379/0;" in line
+    assert "pa55" not in line and "word" not in line
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_record_that_cannot_be_printed_is_one_masked_line_without_its_arguments(
+    root_logger: None, log_format: str
+) -> None:
+    stream = captured(log_format)
+    logging.getLogger("some.library").warning(
+        f"connect to http://u:{SECRET}@host as %s and %s", f"token={SECRET}"
+    )
+    [line] = stream.getvalue().splitlines()
+    assert line.startswith("a record of some.library could not be printed (TypeError): ")
+    assert "http://u:***@host" in line and SECRET not in line and "token=" not in line

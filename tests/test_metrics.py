@@ -135,7 +135,7 @@ async def test_deliveries_to_a_real_sink_count_attempts_durations_and_lag(
 async def test_store_gauges_follow_failures_pauses_410_and_dead_deliveries(
     engine: AsyncEngine, clock: Clock, sink: Sink, workers: list[Worker]
 ) -> None:
-    sink.answers = {"/crm": Answer(500), "/gone": Answer(410), "/once": Answer(500)}
+    sink.answers = {"/crm": Answer(503), "/gone": Answer(410), "/once": Answer(500)}
     worker = Worker(
         engine,
         {
@@ -289,6 +289,7 @@ async def test_relay_serve_records_receivers_and_embedded_worker_in_one_registry
     assert sample(text, "relay_deliveries_pending", **crm) == 0
     assert sample(text, "relay_destination_breaker_state", **crm) == 0
     assert (sample(text, "relay_sweeps_total", outcome="ok") or 0) >= 1
+    assert sample(text, "relay_queue_connected") == 1  # the embedded queue: never lost
     assert TOKEN not in text and "wrong-token-value" not in text
     assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
     assert openmetrics.text.endswith("# EOF\n")

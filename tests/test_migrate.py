@@ -12,11 +12,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
+from sqlmodel import SQLModel
 
 from receivers.store import engine as store_engine
+from receivers.store import tables as receiver_tables  # noqa: F401  (registers every table)
 from receivers.store.engine import create_engine
 from relay import migrate
+from relay import tables as relay_tables  # noqa: F401
+from relay.console import tables as console_tables  # noqa: F401
+from relay.console.queries import LISTED_INDEX
 from relay.runtime import prepare_database, require_current_schema
 from relay.settings import SettingsError
 from tests.conftest import create_postgres_database, drop_postgres_database
@@ -176,3 +183,25 @@ async def test_connecting_waits_while_another_process_holds_a_new_file_in_rollba
         release.join()
         holder.close()
         await engine.dispose()
+
+
+async def test_the_migrations_build_the_schema_the_tables_declare(new_database_url: str) -> None:
+    engine = create_engine(new_database_url)
+    try:
+        await migrate.upgrade(engine)
+        async with engine.connect() as conn:
+            differences = await conn.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"compare_type": True}),
+                    SQLModel.metadata,
+                )
+            )
+        sqlite = engine.dialect.name == "sqlite"
+    finally:
+        await engine.dispose()
+    declared_elsewhere = {LISTED_INDEX} if sqlite else set()  # SQLite only, not in the tables
+    assert [
+        difference
+        for difference in differences
+        if not (difference[0] == "remove_index" and difference[1].name in declared_elsewhere)
+    ] == []

@@ -170,3 +170,6 @@ async def test_an_attempt_that_raises_is_recorded_and_ends_dead(
     assert all(r.levelno == logging.WARNING and r.exc_info is None for r in failures)  # no trace
     assert "s3cret" not in caplog.text
     assert any("dead after 2 attempts" in r.getMessage() for r in caplog.records)
+    # an event the relay cannot send is that event's failure: the breaker does not count it
+    [health] = await inspect.list_destinations(engine, ["broken"])
+    assert health["consecutive_failures"] == 0 and health["paused_until"] is None

@@ -38,7 +38,7 @@ async def dead_and_gone(url: str) -> tuple[str, str]:
     try:
         await migrate.upgrade(engine)
         async with serving(Sink()) as sink:
-            sink.answers["/flaky"] = Answer(500, body=b"broken")
+            sink.answers["/flaky"] = Answer(503, body=b"broken")  # down: counted
             sink.answers["/gone"] = Answer(410)
             destinations = {
                 "flaky": {"type": "http", "url": sink.url("/flaky"), "policy": "once"},
@@ -88,14 +88,14 @@ def test_deliveries_and_destinations_commands(tmp_path: Path) -> None:
             "last_status_code",
         } <= set(row)
     [dead] = json.loads(relay("deliveries", "list", "--status", "dead", "--json", *c))
-    assert dead["id"] == flaky and dead["attempts"] == 1 and dead["last_status_code"] == 500
+    assert dead["id"] == flaky and dead["attempts"] == 1 and dead["last_status_code"] == 503
     [held] = json.loads(relay("deliveries", "list", "--destination", "gone", "--json", *c))
     assert held["status"] == "held"
     assert "flaky" in relay("deliveries", "list", *c)
 
     shown = json.loads(relay("deliveries", "show", flaky, "--json", *c))
     [attempt] = shown["attempt_log"]
-    assert attempt["status_code"] == 500 and attempt["response_excerpt"] == "broken"
+    assert attempt["status_code"] == 503 and attempt["response_excerpt"] == "broken"
     assert "#1" in relay("deliveries", "show", flaky, *c)
 
     destinations = {d["name"]: d for d in json.loads(relay("destinations", "list", "--json", *c))}

@@ -273,7 +273,7 @@ async def test_platform_sms_breaker_pauses_after_100_failures_without_counting_t
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object
 ) -> None:
     relay = relay_factory({"crm": {"type": "http", "url": sink.url()}})  # type: ignore[operator]
-    sink.answers["/hook"] = Answer(500)
+    sink.answers["/hook"] = Answer(503)  # unavailable: a failure that says it is down
     await store_events(
         engine,
         [

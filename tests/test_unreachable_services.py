@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import struct
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from receivers.store import create_engine
 from relay.runtime import connect_database
 from relay.settings import SettingsError
 from tests.conftest import PG_ADMIN_DSN, REDIS_URL, service_missing
+from tests.outage_support import postgres_refusing_logins
 from tests.support import free_port
 
 pytestmark = pytest.mark.slow
@@ -160,38 +160,9 @@ async def test_unknown_postgresql_database(command: str, postgresql: URL, tmp_pa
 async def refusing_postgresql() -> AsyncIterator[int]:
     """A port where a stand-in PostgreSQL asks for a password and refuses it (what a wrong
     password gets; the machine's PostgreSQL trusts every login)."""
-
-    def message(kind: bytes, body: bytes) -> bytes:
-        return kind + struct.pack("!i", len(body) + 4) + body
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                size = struct.unpack("!i", await reader.readexactly(4))[0]
-                startup = await reader.readexactly(size - 4)
-                if startup[:4] != struct.pack("!i", 80877103):  # not an SSL request
-                    break
-                writer.write(b"N")  # no SSL
-            writer.write(message(b"R", struct.pack("!i", 3)))  # cleartext password, please
-            await reader.readexactly(1)
-            size = struct.unpack("!i", await reader.readexactly(4))[0]
-            await reader.readexactly(size - 4)  # the password
-            fields = [
-                b"SFATAL",
-                b"VFATAL",
-                b"C28P01",
-                b'Mpassword authentication failed for user "app"',
-            ]
-            writer.write(message(b"E", b"".join(f + b"\0" for f in fields) + b"\0"))
-            await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    async with server:
-        yield server.sockets[0].getsockname()[1]
+    refusal = 'password authentication failed for user "app"'
+    async with postgres_refusing_logins("28P01", refusal, ask_password=True) as port:
+        yield port
 
 
 @pytest.mark.parametrize("command", ["serve", "worker"])

@@ -107,6 +107,24 @@ def test_a_failed_checkpoint_is_logged_and_the_next_one_tried_again(
         checkpoints.close()
 
 
+def test_a_run_of_failed_checkpoints_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk fails every checkpoint until it has room: one line, not one per commit."""
+    database = tmp_path / "later" / "retry.db"  # its directory does not exist yet
+    clock = StoppedClock()
+    checkpoints = WalCheckpointer(str(database), interval=0.1, clock=clock)
+    try:
+        with caplog.at_level(logging.WARNING, logger="receivers.store.wal_checkpoints"):
+            for _ in range(5):
+                clock.now += 0.1
+                checkpoints.committed()
+                checkpoints.wait()
+    finally:
+        checkpoints.close()
+    assert caplog.text.count("WAL checkpoint failed") == 1
+
+
 async def test_the_writer_process_checkpoints_in_the_background(
     sqlite_engine: AsyncEngine,
 ) -> None:

@@ -21,7 +21,6 @@ from typing import Any
 
 from sqlalchemy import Table, bindparam, select, tuple_, update
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.ids import new_ids
@@ -39,6 +38,7 @@ from receivers.store.records import (
     identity,
 )
 from receivers.store.tables import ReceivedEvent, RejectedBody
+from receivers.store.writable import refusal_of
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ CLIPPED = frozenset({"content_type", "remote_addr", "path", "reason"})
 """Columns whose text comes from the caller and is cut to fit (a long Content-Type header, an
 IPv6 address with a zone id, a long path, a refusal naming many fields)."""
 Answer = Receipt | StoreUnavailable | None
-"""What an item gets: its receipt (an event), None (a quarantined body), or why it failed."""
+"""What an item gets: its receipt (an event), None (a quarantined body), or why it failed
+(:class:`StoreFull` or :class:`StoreUnreachable` when the store refuses writes)."""
 
 
 @dataclass(slots=True)
@@ -140,15 +141,20 @@ async def write_items(
     new_events: NewEvents | None = None,
 ) -> list[Answer]:
     """Write ``items`` in one transaction; their answers. ``new_events`` is tried first when
-    given. When the write fails for another reason than an unavailable database, each item is
-    written alone, so that only the one at fault fails."""
+    given. When the write fails for another reason than a full or unavailable database, each
+    item is written alone, so that only the one at fault fails. A full or unavailable database
+    fails every item with :class:`StoreFull` or :class:`StoreUnreachable` and is not logged
+    here: the writer's :class:`~receivers.store.writable.StoreWritable` says it once."""
     try:
         rows = batch_rows(items, now)
         ids = new_events(rows) if new_events is not None else None
         if ids is None:
             ids = await transaction(functools.partial(write_rows, rows=rows))
     except Exception as exc:
-        if len(items) > 1 and not is_unavailable(exc):
+        refusal = refusal_of(exc)
+        if refusal is not None:
+            return [type(refusal)(*refusal.args) for _ in items]
+        if len(items) > 1:
             log.warning("batch write failed (%s); writing its items one by one", type(exc).__name__)
             return [
                 answer
@@ -298,21 +304,6 @@ def _values(
             values[index] = seen[1]
         flat += values
     return flat
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database cannot be reached (rather than that a row is at fault)."""
-    if isinstance(
-        exc,
-        OperationalError
-        | InterfaceError
-        | sqlite3.OperationalError
-        | OSError
-        | ConnectionError
-        | TimeoutError,
-    ):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def _count_copies(conn: Connection, events: list[Row]) -> dict[Identity, str]:

@@ -34,6 +34,9 @@ def create_engine(url: str, **options: Any) -> AsyncEngine:
     full_url = async_database_url(url)
     backend = make_url(full_url).get_backend_name()
     options.setdefault("json_serializer", json_text)
+    # a statement's parameters (events' personal data, generated secrets) stay out of its
+    # errors' text, which tracebacks, logs and stored attempt errors print
+    options.setdefault("hide_parameters", True)
     options.setdefault("connect_args", {"timeout": CONNECT_TIMEOUT_SECONDS})
     if backend == "postgresql":
         options.setdefault("pool_pre_ping", True)

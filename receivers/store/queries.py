@@ -1,28 +1,45 @@
-"""Read-side queries over the received events and the quarantine (for operators)."""
+"""Read-side queries over the received events and the quarantine (for operators).
+
+Lists name their columns: a stored body (up to the receivers' body limit, 1 MiB by default) is
+read only when the caller shows it, never to list a row. Each list is newest first, in the order
+of an index (``received_at, id``; ``last_seen_at, id``), so it reads ``limit`` rows off that
+index however large the table is.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import func
+from typing import Any
+
+from sqlalchemy import Row, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from receivers.store.tables import ReceivedEvent, RejectedBody
 
+EVENTS = ReceivedEvent.__table__
+REJECTED = RejectedBody.__table__
+
 
 async def list_events(
-    engine: AsyncEngine, *, kind: str | None = None, source: str | None = None, limit: int = 50
-) -> list[ReceivedEvent]:
-    """The newest events first, optionally of one kind and/or source."""
-    query = select(ReceivedEvent).order_by(
-        ReceivedEvent.received_at.desc(), ReceivedEvent.id.desc()
-    )
+    engine: AsyncEngine,
+    *,
+    kind: str | None = None,
+    source: str | None = None,
+    limit: int = 50,
+    with_payload: bool = True,
+) -> list[Row[Any]]:
+    """The newest events first, optionally of one kind and/or source: every column but the raw
+    body (and but the payload unless ``with_payload``)."""
+    columns = [
+        c for c in EVENTS.c if c.name != "raw_body" and (with_payload or c.name != "payload")
+    ]
+    query = select(*columns).order_by(EVENTS.c.received_at.desc(), EVENTS.c.id.desc())
     if kind is not None:
-        query = query.where(ReceivedEvent.kind == kind)
+        query = query.where(EVENTS.c.kind == kind)
     if source is not None:
-        query = query.where(ReceivedEvent.source == source)
-    async with AsyncSession(engine) as session:
-        return list(await session.exec(query.limit(limit)))
+        query = query.where(EVENTS.c.source == source)
+    async with engine.connect() as conn:
+        return list(await conn.execute(query.limit(limit)))
 
 
 async def get_event(engine: AsyncEngine, event_id: str) -> ReceivedEvent | None:
@@ -33,12 +50,18 @@ async def get_event(engine: AsyncEngine, event_id: str) -> ReceivedEvent | None:
 
 async def count_events(engine: AsyncEngine) -> int:
     """How many events are stored."""
-    async with AsyncSession(engine) as session:
-        return int((await session.exec(select(func.count()).select_from(ReceivedEvent))).one())
+    async with engine.connect() as conn:
+        return int(await conn.scalar(select(func.count()).select_from(EVENTS)) or 0)
 
 
-async def list_rejected(engine: AsyncEngine, *, limit: int = 50) -> list[RejectedBody]:
-    """The most recently seen quarantined bodies first."""
-    query = select(RejectedBody).order_by(col(RejectedBody.last_seen_at).desc()).limit(limit)
-    async with AsyncSession(engine) as session:
-        return list(await session.exec(query))
+async def list_rejected(
+    engine: AsyncEngine, *, limit: int = 50, with_body: bool = True
+) -> list[Row[Any]]:
+    """The most recently seen quarantined bodies first (without the raw body unless
+    ``with_body``)."""
+    columns = [c for c in REJECTED.c if with_body or c.name != "raw_body"]
+    query = (
+        select(*columns).order_by(REJECTED.c.last_seen_at.desc(), REJECTED.c.id.desc()).limit(limit)
+    )
+    async with engine.connect() as conn:
+        return list(await conn.execute(query))

@@ -18,6 +18,16 @@ class StoreUnavailable(Exception):
     """The database could not take the write; the caller should answer 503."""
 
 
+class StoreFull(StoreUnavailable):
+    """The store refuses writes for want of room: SQLite's "database or disk is full", a
+    PostgreSQL error of class 53 (insufficient resources: ``disk_full``, ...), ENOSPC."""
+
+
+class StoreUnreachable(StoreUnavailable):
+    """The database cannot be reached or used right now (refused connection, time-out, lock,
+    I/O error), as opposed to a row at fault."""
+
+
 @dataclass(frozen=True)
 class Arrival:
     """An accepted callback, ready to be stored."""

@@ -36,10 +36,14 @@ class ReceivedEvent(SQLModel, table=True):
     __tablename__ = "received_events"
     __table_args__ = (
         UniqueConstraint("source", "kind", "dedup_key", name="uq_received_events_dedup"),
-        Index("ix_received_events_received_at", "received_at"),
-        Index("ix_received_events_kind_event", "kind", "event_name", "received_at"),
-        Index("ix_received_events_source", "source", "received_at"),
-        Index("ix_received_events_platform_id", "platform_id"),
+        # The console's lists: one index per filter, in the list's order (time, then id);
+        # on SQLite also ix_received_events_listed (relay.console.queries.ListedEvents).
+        Index("ix_received_events_received_at", "received_at", "id"),
+        Index("ix_received_events_kind", "kind", "received_at", "id"),
+        Index("ix_received_events_kind_event", "kind", "event_name", "received_at", "id"),
+        Index("ix_received_events_event", "event_name", "received_at", "id"),
+        Index("ix_received_events_source", "source", "received_at", "id"),
+        Index("ix_received_events_platform_id", "platform_id", "received_at", "id"),
     )
 
     id: str = Field(primary_key=True, max_length=36)
@@ -65,7 +69,7 @@ class RejectedBody(SQLModel, table=True):
     __tablename__ = "rejected_bodies"
     __table_args__ = (
         UniqueConstraint("body_hash", name="uq_rejected_bodies_body_hash"),
-        Index("ix_rejected_bodies_last_seen_at", "last_seen_at"),
+        Index("ix_rejected_bodies_last_seen_at", "last_seen_at", "id"),
     )
 
     id: str = Field(primary_key=True, max_length=36)

@@ -39,7 +39,8 @@ BACKSTOP_PAGES = 4_000
 class WalCheckpointer:
     """Checkpoints one SQLite file's WAL in the background; see the module docstring.
 
-    :meth:`committed` is called from one thread (the lane's), :meth:`close` once at the end."""
+    :meth:`committed` is called from one thread (the lane's), :meth:`close` once at the end.
+    A run of failing checkpoints (a full disk) is logged once."""
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class WalCheckpointer:
         self._connection: sqlite3.Connection | None = None
         self._running: Future[None] | None = None
         self._last_start: float | None = None
+        self._failing = False  # the checkpoint thread's alone
 
     def committed(self) -> None:
         """Note a commit: start a checkpoint unless one is running or one started too recently."""
@@ -85,8 +87,12 @@ class WalCheckpointer:
                 sqlite_pragmas(self._connection)
             self._connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error as exc:  # the writer's backstop checkpoints meanwhile
-            log.warning("WAL checkpoint failed: %s", exc)
+            if not self._failing:
+                log.warning("WAL checkpoint failed: %s; the log grows until one succeeds", exc)
+                self._failing = True
             self._disconnect()
+        else:
+            self._failing = False
 
     def _disconnect(self) -> None:
         if self._connection is not None:

@@ -38,10 +38,13 @@ from receivers.store.records import (
     StoredEvent,
     StoreUnavailable,
 )
+from receivers.store.writable import StoreWritable
 from receivers.store.writer_process import ProcessLane
 
 log = logging.getLogger(__name__)
 
+CALLBACKS = "callbacks"
+"""What the writer's :class:`StoreWritable` calls its writes in the log."""
 HOOK_BATCH = 4096
 """A hook call is made at once when this many events wait for it."""
 HOOK_DELAY_SECONDS = 0.05
@@ -72,12 +75,21 @@ class Lane(Protocol):
 
 
 class EngineLane:
-    """Writes the items on the engine, in this process, in groups."""
+    """Writes the items on the engine, in this process, in groups; tells ``writable`` how each
+    group went."""
 
-    def __init__(self, engine: AsyncEngine, *, clock: Clock, on_stored: OnStored) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        clock: Clock,
+        on_stored: OnStored,
+        writable: StoreWritable | None = None,
+    ) -> None:
         self._transaction = in_transaction(engine)
         self._clock = clock
         self._on_stored = on_stored
+        self._writable = writable if writable is not None else StoreWritable()
         self._group: Coalescer[Item, Receipt | None] = Coalescer(self._write)
         self._open = False
 
@@ -100,6 +112,7 @@ class EngineLane:
     async def _write(self, items: list[Item]) -> list[Answer]:
         now = self._clock()
         answers = await write_items(self._transaction, items, now)
+        self._writable.wrote(answers)
         stored = stored_events(items, answers, now)
         if stored:
             self._on_stored(stored)
@@ -107,19 +120,25 @@ class EngineLane:
 
 
 def open_lane(
-    engine: AsyncEngine, *, clock: Clock, on_stored: OnStored, writer_process: bool = True
+    engine: AsyncEngine,
+    *,
+    clock: Clock,
+    on_stored: OnStored,
+    writer_process: bool = True,
+    writable: StoreWritable | None = None,
 ) -> Lane:
     """The writer's own process for a SQLite file (on POSIX systems, where it can take a socket
     as its input) unless ``writer_process`` is off; the engine in this process otherwise."""
     database = sqlite_file(engine)
     if writer_process and database is not None and os.name == "posix":
-        return ProcessLane(database, clock=clock, on_stored=on_stored)
-    return EngineLane(engine, clock=clock, on_stored=on_stored)
+        return ProcessLane(database, clock=clock, on_stored=on_stored, writable=writable)
+    return EngineLane(engine, clock=clock, on_stored=on_stored, writable=writable)
 
 
 class EventWriter:
     """The writer of one process; see the module docstring. ``writer_process``: whether a
-    SQLite file gets the writer's own process (:func:`open_lane`)."""
+    SQLite file gets the writer's own process (:func:`open_lane`). :attr:`writable` follows
+    whether the store takes the callbacks (told how each group went)."""
 
     def __init__(
         self,
@@ -134,6 +153,7 @@ class EventWriter:
         writer_process: bool = True,
     ) -> None:
         self._engine = engine
+        self.writable = StoreWritable(CALLBACKS)
         self._writer_process = writer_process
         self._clock = clock
         self._after_commit = after_commit
@@ -157,6 +177,7 @@ class EventWriter:
             clock=self._clock,
             on_stored=self._stored,
             writer_process=self._writer_process,
+            writable=self.writable,
         )
         await lane.start()
         self._lane = lane

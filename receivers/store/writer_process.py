@@ -30,7 +30,10 @@ The wire: each message is a frame, its length (4 bytes, little-endian) then a va
 ``(sent_at, records)``, the server's clock when it sent them and the items as tuples
 (:func:`record_of`); process -> server: ``(received_at, answers)`` for the oldest items not
 answered yet, in order: per item ``(event id, duplicate)``, ``None`` for a quarantined body, or
-the name of the error that kept it from being stored.
+``[kind, reason]`` (a list) when it could not be stored: ``"full"`` or ``"unreachable"`` when the
+store refuses writes (:class:`StoreFull`, :class:`StoreUnreachable`, which the server's
+:class:`~receivers.store.writable.StoreWritable` notes and logs once), else ``"unavailable"``.
+The process logs no refusal itself.
 """
 
 from __future__ import annotations
@@ -68,9 +71,12 @@ from receivers.store.records import (
     OnStored,
     Receipt,
     Rejection,
+    StoreFull,
     StoreUnavailable,
+    StoreUnreachable,
 )
 from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
+from receivers.store.writable import StoreWritable
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +84,14 @@ HEADER = struct.Struct("<I")
 EVENT, REJECTION = 0, 1
 
 Record = tuple[Any, ...]
-WireAnswer = tuple[str, bool] | None | str
-"""An item's answer on the wire: its receipt, or the name of the error that failed it."""
+WireAnswer = tuple[str, bool] | None | list[str]
+"""An item's answer on the wire: its receipt, None, or ``[kind, reason]`` of its failure."""
+FAILURES: dict[str, type[StoreUnavailable]] = {
+    "full": StoreFull,
+    "unreachable": StoreUnreachable,
+    "unavailable": StoreUnavailable,
+}
+"""The kinds of failure on the wire."""
 
 
 def frame(value: Any) -> bytes:
@@ -169,12 +181,21 @@ process starts on them while the loop is still busy with the rest of a burst of 
 
 class ProcessLane:
     """Hands items to the writer process of ``database`` and settles their futures; see the
-    module docstring. ``on_stored`` gets the newly stored events of each batch."""
+    module docstring. ``on_stored`` gets the newly stored events of each batch; ``writable``
+    is told how each batch went."""
 
-    def __init__(self, database: str, *, clock: Clock, on_stored: OnStored) -> None:
+    def __init__(
+        self,
+        database: str,
+        *,
+        clock: Clock,
+        on_stored: OnStored,
+        writable: StoreWritable | None = None,
+    ) -> None:
         self._database = database
         self._clock = clock
         self._on_stored = on_stored
+        self._writable = writable if writable is not None else StoreWritable()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._transport: asyncio.Transport | None = None
@@ -369,6 +390,7 @@ class ProcessLane:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+        self._writable.wrote(settled)
         stored = stored_events(items, settled, datetime.fromisoformat(received_at))
         if stored:
             self._on_stored(stored)
@@ -415,6 +437,7 @@ class WriterConnection:
             sqlalchemy.URL.create("sqlite", database=database),  # the path as given, not re-parsed
             json_serializer=json_text,
             connect_args={"timeout": CONNECT_TIMEOUT_SECONDS},
+            hide_parameters=True,  # as create_engine: no event's data in an error's text
         )
         event.listen(self._engine, "connect", _writer_pragmas)
         event.listen(self._engine, "begin", _begin)
@@ -469,11 +492,11 @@ async def serve(database: str, sock: socket.socket) -> None:
         items = [item for item, _ in group]
         try:
             written = await write_items(store.transaction, items, now, new_events=store.new_events)
-            answers = [_wire(answer) for answer in written]
         except Exception as exc:  # every item still gets its answer, in its place
             log.exception("could not write a group")
-            answers = [type(exc).__name__] * len(group)
-        else:
+            written = [StoreUnavailable(type(exc).__name__)] * len(group)
+        answers = [_wire(answer) for answer in written]
+        if not all(isinstance(answer, StoreUnavailable) for answer in written):
             checkpoints.committed()
         if transport is not None and not transport.is_closing():
             transport.write(frame((now.isoformat(), answers)))
@@ -506,15 +529,19 @@ async def serve(database: str, sock: socket.socket) -> None:
 
 
 def _unwire(answer: WireAnswer) -> Receipt | StoreUnavailable | None:
-    if isinstance(answer, str):
-        return StoreUnavailable(answer)
+    if isinstance(answer, list):
+        kind, reason = answer
+        return FAILURES.get(kind, StoreUnavailable)(reason)
     return None if answer is None else Receipt(*answer)
 
 
 def _wire(answer: Receipt | StoreUnavailable | None) -> WireAnswer:
     if isinstance(answer, Receipt):
         return (answer.event_id, answer.duplicate)
-    return None if answer is None else str(answer)
+    if answer is None:
+        return None
+    kind = next(name for name, failure in FAILURES.items() if isinstance(answer, failure))
+    return [kind, str(answer)]
 
 
 def _writer_pragmas(dbapi_connection: Any, _record: Any) -> None:

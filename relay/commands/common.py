@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from sqlalchemy.exc import DBAPIError
 
-from receivers.store import create_engine, sqlite_file
+from receivers.store import StoreFull, create_engine, refusal_of, sqlite_file
 from relay import outbox
+from relay.destinations.errors import without_credentials
 from relay.jobs import JobQueue, open_pool
 from relay.settings import Settings, SettingsError, config_path, load_settings
 
@@ -41,7 +43,8 @@ def run(
     coroutine: Coroutine[Any, Any, T],
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> T:
-    """Run a coroutine for a command; configuration and connection errors exit cleanly."""
+    """Run a coroutine for a command; configuration and connection errors, and a full store,
+    exit cleanly."""
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(coroutine)
@@ -49,6 +52,11 @@ def run(
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot reach the database: {exc}") from None
+    except DBAPIError as exc:
+        refusal = refusal_of(exc)
+        if not isinstance(refusal, StoreFull):
+            raise
+        raise click.ClickException(f"the store is full and refuses writes: {refusal}") from None
 
 
 async def with_engine(
@@ -85,16 +93,25 @@ async def enqueue(settings: Settings, due: list[outbox.Due]) -> None:
     try:
         pool = await open_pool(settings.redis_url)
     except SettingsError as exc:
-        click.echo(
-            f"warning: {exc}; the workers' sweepers enqueue them when it is back "
-            f"(every {settings.sweep_interval.total_seconds():g} s)",
-            err=True,
-        )
+        _enqueue_later(settings, str(exc))
         return
+    queue = JobQueue(pool)
     try:
-        await JobQueue(pool).enqueue(due)
+        await queue.enqueue(due)
     finally:
+        await queue.connection.aclose()
         await pool.aclose()
+    if not queue.connection.connected:
+        where = without_credentials(settings.redis_url)
+        _enqueue_later(settings, f"Redis at {where} was lost: {queue.connection.reason}")
+
+
+def _enqueue_later(settings: Settings, why: str) -> None:
+    click.echo(
+        f"warning: {why}; the workers' sweepers enqueue them when it is back "
+        f"(every {settings.sweep_interval.total_seconds():g} s)",
+        err=True,
+    )
 
 
 def pickup_note(settings: Settings) -> str:

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.event_loop import LOOP_NAMES, LoopName, LoopUnavailable, loop_factory
 from relay import migrate
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
+from relay.known_secrets import known_secrets
 from relay.logs import LOG_FORMATS, LOG_LEVELS, LogFormat, configure_logging
 
 log_level_option = click.option(
@@ -84,10 +85,11 @@ def serve(
 
     new_loop = chosen_loop(loop)
     settings = load_settings_or_exit(config_file)
-    configure_logging(log_level, log_format)
+    secrets = known_secrets(settings)
+    configure_logging(log_level, log_format, secrets)
     try:
         run(
-            run_server(settings, host, port, log_level, access_log=access_log),
+            run_server(settings, host, port, log_level, access_log=access_log, secrets=secrets),
             loop_factory=new_loop,
         )
     except KeyboardInterrupt:  # Ctrl+C: uvicorn stopped gracefully, then raised SIGINT again
@@ -128,7 +130,7 @@ def worker(
 
     new_loop = chosen_loop(loop)
     settings = load_settings_or_exit(config_file)
-    configure_logging(log_level, log_format)
+    configure_logging(log_level, log_format, known_secrets(settings))
     shorten_switch_interval()
     run(
         run_worker(settings, metrics_host=metrics_host, metrics_port=metrics_port),

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import click
+from sqlalchemy import Row
 
 from receivers.kinds import KINDS_BY_NAME
 from receivers.store import ReceivedEvent, RejectedBody, queries
@@ -31,7 +32,10 @@ def events_list(
     settings = load_settings_or_exit(config_file)
     rows = run(
         with_engine(
-            settings, lambda e: queries.list_events(e, kind=kind, source=source, limit=limit)
+            settings,
+            lambda e: queries.list_events(
+                e, kind=kind, source=source, limit=limit, with_payload=as_json
+            ),
         )
     )
     if as_json:
@@ -78,7 +82,9 @@ def rejected() -> None:
 def rejected_list(limit: int, as_json: bool, config_file: str | None) -> None:
     """List quarantined bodies, most recently seen first."""
     settings = load_settings_or_exit(config_file)
-    rows = run(with_engine(settings, lambda e: queries.list_rejected(e, limit=limit)))
+    rows = run(
+        with_engine(settings, lambda e: queries.list_rejected(e, limit=limit, with_body=as_json))
+    )
     if as_json:
         click.echo(json.dumps([rejected_json(row) for row in rows], indent=2))
         return
@@ -90,7 +96,7 @@ def rejected_list(limit: int, as_json: bool, config_file: str | None) -> None:
         )
 
 
-def event_json(row: ReceivedEvent, *, with_raw: bool = False) -> dict[str, Any]:
+def event_json(row: ReceivedEvent | Row[Any], *, with_raw: bool = False) -> dict[str, Any]:
     """An event as JSON for operators."""
     document: dict[str, Any] = {
         "id": row.id,
@@ -109,7 +115,7 @@ def event_json(row: ReceivedEvent, *, with_raw: bool = False) -> dict[str, Any]:
     return document
 
 
-def rejected_json(row: RejectedBody) -> dict[str, Any]:
+def rejected_json(row: RejectedBody | Row[Any]) -> dict[str, Any]:
     """A quarantined body as JSON for operators."""
     return {
         "id": row.id,

@@ -1,4 +1,5 @@
-"""The console's actions (POST): replay, bulk replay with a confirmation, enable, disable.
+"""The console's actions (POST): replay, bulk replay and give-up with a confirmation, enable,
+disable.
 
 Each takes effect at once: what becomes due is handed to the relay's queue right away (in
 embedded mode this wakes the in-process worker), and each is logged with who did it.
@@ -15,10 +16,11 @@ from starlette.responses import Response
 
 from relay import outbox
 from relay.console import queries
-from relay.console.filters import BadFilter, delivery_filter, query_string
+from relay.console.filters import BadFilter, delivery_filter, query_string, text_value
 from relay.console.pages import ROW_ID
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, form_values, safe_next, see_other
+from relay.give_up import LONGEST_REASON, give_up
 from relay.tables import DEAD
 
 log = logging.getLogger("relay.console")
@@ -42,6 +44,48 @@ async def replay_delivery(
     )
     back = safe_next(fields.get("back"), f"{CONSOLE_PATH}/deliveries").split("?")[0]
     return see_other(_with_notice(back, "replayed"))
+
+
+async def give_up_delivery(
+    console: Console, request: Request, operator: Operator, fields: Mapping[str, str]
+) -> Response:
+    """A pending or held delivery: first a confirmation page (with a reason to give), then
+    (``confirm=yes``) it is dead now, and the next of its per-key line is enqueued."""
+    delivery_id = request.path_params["delivery_id"]
+    found = (
+        await queries.delivery_in_line(console.engine, delivery_id)
+        if ROW_ID.fullmatch(delivery_id)
+        else None
+    )
+    if found is None:
+        return error(console, request, 404, "Not Found", "No delivery has this id.")
+    delivery, behind = found
+    back = safe_next(fields.get("back"), f"{CONSOLE_PATH}/deliveries").split("?")[0]
+    try:
+        reason = text_value(fields, "reason", LONGEST_REASON)
+    except BadFilter as exc:
+        return error(console, request, 400, "Bad Request", str(exc))
+    if fields.get("confirm") != "yes":
+        return console.page(
+            request, "give_up.html", operator, delivery=delivery, behind=behind, back=back
+        )
+    done = await give_up(
+        console.engine, console.clock(), [delivery_id], by=operator.name, reason=reason
+    )
+    if not done.given_up:
+        status = done.finished.get(delivery_id, "gone")
+        return error(
+            console, request, 409, "Conflict", f"This delivery is {status} already: kept as it is."
+        )
+    await console.enqueue(done.next_in_line)
+    log.info(
+        "console: %s gave up delivery %s%s",
+        operator.name,
+        delivery_id,
+        f" ({reason})" if reason else "",
+        extra={"user": operator.name, "delivery_id": delivery_id},
+    )
+    return see_other(_with_notice(back, "given-up"))
 
 
 async def replay_event(

@@ -2,13 +2,14 @@
 
 Every page needs a session; every action (POST) also needs the session's CSRF token. A
 request that cannot show either is refused: a page redirects to the login, an action is 403.
+Logins go through the throttle, which answers 429 with Retry-After while a key waits.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -19,23 +20,36 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from receivers.sources import Network
+from receivers.store import StoreWritable
 from relay.console import actions, pages
 from relay.console.filters import BadFilter
-from relay.console.sessions import LOGIN_COOKIE, SESSION_COOKIE, Operator, Sessions
+from relay.console.login_cookies import (
+    DEVICE_COOKIE,
+    DEVICE_LIFETIME,
+    LOGIN_COOKIE,
+    LOGIN_FORM_LIFETIME,
+    LoginCookies,
+)
+from relay.console.sessions import REPLACED, SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
+from relay.console.throttle_rule import login_attempt
+from relay.console.unavailable import DatabaseDown
+from relay.console.users import Users
 from relay.console.web import (
     CONSOLE_PATH,
     HERE,
     Console,
     Enqueue,
     SecurityHeaders,
-    client,
+    SessionCheck,
     error,
     form,
     safe_next,
     see_other,
     templates,
 )
+from relay.outbox import RELAY_WRITES
 
 log = logging.getLogger("relay.console")
 
@@ -45,27 +59,40 @@ Action = Callable[[Console, Request, Operator, Mapping[str, str]], Awaitable[Res
 
 def console_app(
     engine: AsyncEngine,
-    sessions: Sessions,
+    users: Users,
+    key: str,
     enqueue: Enqueue,
     *,
     sources: list[str],
     destinations: list[str],
     clock: Callable[[], datetime],
+    session_lifetime: timedelta,
     secure_cookie: bool = False,
     targets: Mapping[str, str] | None = None,
+    trusted_proxies: Sequence[Network] = (),
+    writable: StoreWritable | None = None,
 ) -> Starlette:
-    """The console over this store; ``enqueue`` hands what an action made due to the relay."""
+    """The console over this store for ``users``, its cookies and tokens signed with ``key``;
+    ``enqueue`` hands what an action made due to the relay. An action whose write the store
+    refuses (full, unreachable) is answered 503 and noted in ``writable`` (the server's state of
+    the relay's writes), which logs it once."""
+    sessions = Sessions(engine, users, key, session_lifetime, clock)
+    kept_keys = [f"user:{name}" for name in users.names]
     console = Console(
         engine=engine,
+        users=users,
         sessions=sessions,
+        login_cookies=LoginCookies(key, clock),
         enqueue=enqueue,
         clock=clock,
         sources=sources,
         destinations=destinations,
         targets=dict(targets or {}),
         secure_cookie=secure_cookie,
-        throttle=LoginThrottle(clock),
+        throttle=LoginThrottle(engine, clock, kept_keys=kept_keys),
+        trusted_proxies=tuple(trusted_proxies),
         templates=templates(),
+        writable=writable if writable is not None else StoreWritable(RELAY_WRITES),
     )
     stylesheet = (HERE / "static" / "console.css").read_bytes()
 
@@ -96,48 +123,59 @@ def console_app(
                     "Forbidden",
                     "The form's CSRF token is missing or wrong: reload the page and try again.",
                 )
-            return await do(console, request, operator, fields)
+            try:
+                return await do(console, request, operator, fields)
+            except Exception as exc:
+                if not console.writable.failed(exc):
+                    raise
+                state = "full" if console.writable.full else "unavailable"
+                return error(
+                    console,
+                    request,
+                    503,
+                    "Service Unavailable",
+                    f"The store is {state} and refuses writes: try again later.",
+                )
 
         return endpoint
 
-    async def login_form(request: Request) -> Response:
+    async def login_page(request: Request) -> Response:
+        if request.method == "POST":
+            return await login(request)
         return _login_page(console, request, 200, "", request.query_params.get("next"))
 
     async def login(request: Request) -> Response:
-        address = client(request)
-        wait = console.throttle.retry_after(address)
-        if wait:
-            response = error(
-                console, request, 429, "Too Many Requests", "Too many failed logins: wait."
-            )
-            response.headers["retry-after"] = str(wait)
-            return response
         try:
             fields = await form(request)
         except BadFilter as exc:
             return error(console, request, 400, "Bad Request", str(exc))
-        if not sessions.login_matches(request.cookies.get(LOGIN_COOKIE), fields.get("token")):
-            return _login_page(
-                console, request, 403, "The login form expired: try again.", fields.get("next")
-            )
+        wanted = fields.get("next")
+        cookies = console.login_cookies
+        if not cookies.form_matches(request.cookies.get(LOGIN_COOKIE), fields.get("token")):
+            return _login_page(console, request, 403, "The login form expired: try again.", wanted)
         name, password = fields.get("user", ""), fields.get("password", "")
-        if not sessions.password_matches(name, password):
-            console.throttle.failed(address)
-            log.warning("console: failed login for %r from %s", name[:64], address)
-            return _login_page(
-                console, request, 401, "Wrong user name or password.", fields.get("next")
-            )
-        console.throttle.succeeded(address)
-        log.info("console: %s logged in from %s", name, address, extra={"user": name})
-        response = see_other(safe_next(fields.get("next"), f"{CONSOLE_PATH}/events"))
-        response.set_cookie(
-            SESSION_COOKIE,
-            sessions.session_cookie(name),
-            max_age=int(sessions.lifetime.total_seconds()),
-            path=CONSOLE_PATH,
-            secure=console.cookie_secure(request),
-            httponly=True,
-            samesite="strict",
+        address = console.client(request)
+        device = cookies.device(request.cookies.get(DEVICE_COOKIE))
+        attempt = login_attempt(name, address, device)
+        wait = await console.throttle.begin(attempt)
+        if wait:
+            detail = f"Too many failed logins: try again in {wait} s."
+            response = error(console, request, 429, "Too Many Requests", detail)
+            response.headers["retry-after"] = str(wait)
+            return response
+        if not console.users.password_matches(name, password):
+            log.warning("console: failed login for %r from %s", name[:64], address or "unknown")
+            return _login_page(console, request, 401, "Wrong user name or password.", wanted)
+        await console.throttle.succeeded(attempt)
+        replaced = console.operator(request)
+        if replaced is not None:  # the browser's cookie now names the new session only
+            await sessions.end(replaced, REPLACED)
+        token = await sessions.open(name)
+        log.info("console: %s logged in from %s", name, address or "unknown", extra={"user": name})
+        response = see_other(safe_next(wanted, f"{CONSOLE_PATH}/events"))
+        _set_cookie(console, request, response, SESSION_COOKIE, token, sessions.lifetime)
+        _set_cookie(
+            console, request, response, DEVICE_COOKIE, cookies.device_cookie(name), DEVICE_LIFETIME
         )
         response.delete_cookie(LOGIN_COOKIE, path=CONSOLE_PATH)
         return response
@@ -145,6 +183,7 @@ def console_app(
     async def logout(
         console: Console, request: Request, operator: Operator, fields: Mapping[str, str]
     ) -> Response:
+        await sessions.end(operator)
         log.info("console: %s logged out", operator.name, extra={"user": operator.name})
         response = see_other(f"{CONSOLE_PATH}/login")
         response.delete_cookie(SESSION_COOKIE, path=CONSOLE_PATH)
@@ -168,8 +207,7 @@ def console_app(
 
     routes = [
         Route("/", page(pages.home), methods=["GET"]),
-        Route("/login", login_form, methods=["GET"]),
-        Route("/login", login, methods=["POST"]),
+        Route("/login", login_page, methods=["GET", "POST"]),  # one route: a 405 allows both
         Route("/logout", action(logout), methods=["POST"]),
         Route("/events", page(pages.events), methods=["GET"]),
         Route("/events/{event_id}", page(pages.event), methods=["GET"]),
@@ -178,6 +216,9 @@ def console_app(
         Route("/deliveries/replay", action(actions.bulk_replay), methods=["POST"]),
         Route(
             "/deliveries/{delivery_id}/replay", action(actions.replay_delivery), methods=["POST"]
+        ),
+        Route(
+            "/deliveries/{delivery_id}/give-up", action(actions.give_up_delivery), methods=["POST"]
         ),
         Route("/destinations", page(pages.destinations), methods=["GET"]),
         Route("/destinations/{name}/enable", action(actions.enable_destination), methods=["POST"]),
@@ -190,7 +231,11 @@ def console_app(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityHeaders)],
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(DatabaseDown, console=console),
+            Middleware(SessionCheck, sessions=sessions),
+        ],
         exception_handlers={HTTPException: http_error},
     )
     # a redirect to the slash-less URL would be built from the caller's Host header
@@ -201,7 +246,7 @@ def console_app(
 def _login_page(
     console: Console, request: Request, status: int, message: str, wanted: str | None
 ) -> Response:
-    cookie, token = console.sessions.login_cookie()
+    cookie, token = console.login_cookies.form_cookie()
     response = console.page(
         request,
         "login.html",
@@ -211,13 +256,26 @@ def _login_page(
         message=message,
         next=safe_next(wanted, f"{CONSOLE_PATH}/events"),
     )
+    _set_cookie(console, request, response, LOGIN_COOKIE, cookie, LOGIN_FORM_LIFETIME)
+    return response
+
+
+def _set_cookie(
+    console: Console,
+    request: Request,
+    response: Response,
+    name: str,
+    value: str,
+    lifetime: timedelta,
+) -> None:
+    """Set one of the console's cookies: only for /console, never readable by a script, never
+    sent by another site."""
     response.set_cookie(
-        LOGIN_COOKIE,
-        cookie,
-        max_age=3600,
+        name,
+        value,
+        max_age=int(lifetime.total_seconds()),
         path=CONSOLE_PATH,
         secure=console.cookie_secure(request),
         httponly=True,
         samesite="strict",
     )
-    return response

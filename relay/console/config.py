@@ -26,9 +26,9 @@ class ConsoleConfig(BaseModel):
     users: dict[str, SecretStr] = Field(default_factory=dict)
     """User name -> password (at least 12 characters); never a callback token."""
     session_lifetime: Duration = timedelta(hours=12)
-    """How long a login lasts (the signed session cookie's age limit)."""
+    """How long a login lasts (its session's expiry in the database)."""
     secure_cookie: bool = False
-    """Send the session cookie only over https (set it when a TLS proxy is in front; it is
+    """Send the console's cookies only over https (set it when a TLS proxy is in front; it is
     always set when the request itself came over https)."""
 
     @field_validator("users")

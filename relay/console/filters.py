@@ -115,6 +115,12 @@ def query_string(where: EventFilter | DeliveryFilter, **changes: str | None) -> 
     return urlencode({k: v for k, v in values.items() if v})
 
 
+def text_value(params: Mapping[str, str], name: str, longest: int) -> str | None:
+    """A free text field (a reason): stripped, None when absent or blank; :class:`BadFilter`
+    naming it when too long or holding control characters."""
+    return _text(params, name, longest)
+
+
 def _text(params: Mapping[str, str], name: str, longest: int) -> str | None:
     value = params.get(name)
     if value is None or not value.strip():

@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receivers.kinds import KINDS_BY_NAME
-from relay import outbox
 from relay.breaker import BreakerState, DestinationHealth, breaker_state
 from relay.console import queries
 from relay.console.charts import health_chart
@@ -20,6 +19,7 @@ from relay.console.filters import (
     page_cursor,
     query_string,
 )
+from relay.console.health import Recent, problems
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, query, see_other
 from relay.tables import DEAD, DELIVERY_STATUSES, HELD, PENDING
@@ -30,12 +30,15 @@ BREAKER_NAMES = {
     BreakerState.DISABLED: "held",
 }
 """How the page names each breaker state (held: disabled by a 410 or an operator)."""
+BACKLOG = (PENDING, HELD, DEAD)
+"""The statuses the destinations page counts per destination."""
 ROW_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NOTICES = {
     "replayed": "Replayed: the deliveries are due now.",
     "enabled": "Enabled: held deliveries are due now.",
     "disabled": "Disabled: its deliveries are held until it is enabled.",
     "nothing": "Nothing matched: nothing was replayed.",
+    "given-up": "Given up: the delivery is dead now, and the next of its line goes.",
 }
 """What an action's redirect may show (a code from this table, never text from the URL)."""
 
@@ -107,12 +110,10 @@ async def deliveries(console: Console, request: Request, operator: Operator) -> 
 
 async def destinations(console: Console, request: Request, operator: Operator) -> Response:
     now = console.clock()
-    backlog, health_rows = await outbox.store_figures(console.engine, (PENDING, HELD, DEAD))
-    counts = {name: dict.fromkeys((PENDING, HELD, DEAD), 0) for name in console.destinations}
-    for row in backlog:
-        counts.get(row.destination, {})[row.status] = row.count
-    states = {row.name: row for row in health_rows}
+    counts = await queries.backlog_counts(console.engine, console.destinations, BACKLOG)
+    states = {row.name: row for row in await queries.destination_states(console.engine)}
     history = await queries.destination_health(console.engine, now)
+    recent = await queries.recent_outcomes(console.engine, now)
     rows: list[dict[str, Any]] = []
     for name in console.destinations:
         state = states.get(name)
@@ -128,8 +129,9 @@ async def destinations(console: Console, request: Request, operator: Operator) -
                 "name": name,
                 "target": console.targets.get(name),
                 "breaker": BREAKER_NAMES[breaker_state(health, now)],
+                "problems": problems(health, recent.get(name, Recent()), now),
                 "state": state,
-                "counts": counts[name],
+                "counts": {status: backlog_text(n) for status, n in counts[name].items()},
                 "attempts": attempts,
                 "success_rate": sum(b.succeeded for b in buckets) / attempts if attempts else None,
                 "mean_ms": mean_ms(buckets),
@@ -139,6 +141,11 @@ async def destinations(console: Console, request: Request, operator: Operator) -
     return console.page(
         request, "destinations.html", operator, destinations=rows, notice=notice(request)
     )
+
+
+def backlog_text(count: int) -> str:
+    """A backlog count as the page shows it: exact up to the cap, then "1,000+"."""
+    return f"{queries.BACKLOG_CAP:,}+" if count > queries.BACKLOG_CAP else str(count)
 
 
 def mean_ms(buckets: list[queries.HealthBucket]) -> float | None:

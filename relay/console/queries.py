@@ -2,6 +2,14 @@
 
 Every list is newest first and pages with a cursor (the last row's time and id), never with
 an offset, so the 1,000th page costs what the first does (``scripts/bench_console.py``).
+
+Each filter has an index that starts with its equality columns and ends with the list's order,
+``(time, id)`` (migration ``0007_console_indexes``): both SQLite and PostgreSQL then walk that
+index backwards from the cursor and stop after 51 entries, with no sort step, whatever the
+table's size (``tests/test_console_lists.py`` checks the plans). The cursor is one row-value
+comparison, ``(time, id) < (:time, :id)``, which both use as the index range. A list names its
+columns: it never reads a payload or a raw body (up to 1 MiB each), and no page counts a whole
+table.
 """
 
 from __future__ import annotations
@@ -11,29 +19,66 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, and_, case, func, literal, or_, select, tuple_
+from sqlalchemy import Column, and_, case, column, func, literal, or_, select, tuple_, union_all
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Select
+from sqlalchemy.sql.expression import TableClause
 
 from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
-from relay.ordering import order_flags
-from relay.outbox import ATTEMPTS, DELIVERIES
+from relay.console.health import RECENT, Recent
+from relay.ordering import order_flags, waiting_behind
+from relay.outbox import ATTEMPTS, DELIVERIES, STATES
+from relay.tables import DEAD, PENDING
 
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
 PAGE_SIZE = 50
+BACKLOG_CAP = 1_000
+"""The destinations page counts each backlog up to this (and shows more as "1,000+")."""
 CHART_BUCKETS = 12
 CHART_SPAN = timedelta(hours=1)
+LISTED_INDEX = "ix_received_events_listed"
+"""SQLite only (migration 0007): the columns an event list shows, by id (see ListedEvents)."""
+
+
+class ListedEvents(TableClause):
+    """``received_events`` as the lists read it: on SQLite ``INDEXED BY
+    ix_received_events_listed`` (migration 0007), an index of the columns a list shows, by id.
+    SQLite keeps a row's columns in their declared order, so the platform id, event name and
+    duplicates lie after the payload and the raw body, at the end of their overflow pages:
+    reading them from the row reads the whole body (2 MiB for a 1 MiB callback), and SQLite
+    looks a row up by id through the primary key's index, and so the row, unless told.
+    PostgreSQL keeps large values apart (TOAST) and reads the row."""
+
+    inherit_cache = True
+
+
+@compiles(ListedEvents, "sqlite")
+def _indexed_by(element: ListedEvents, compiler: Any, **options: Any) -> str:
+    text = compiler.visit_table(element, **options)
+    return f"{text} INDEXED BY {LISTED_INDEX}" if options.get("asfrom") else text
+
+
+LISTED = ListedEvents(
+    EVENTS.name,
+    *(
+        column(c.name, c.type)
+        for c in EVENTS.c
+        if c.name
+        in ("id", "source", "kind", "event_name", "platform_id", "received_at", "duplicates")
+    ),
+)
 EVENT_LIST_COLUMNS = (
-    EVENTS.c.id,
-    EVENTS.c.source,
-    EVENTS.c.kind,
-    EVENTS.c.event_name,
-    EVENTS.c.platform_id,
-    EVENTS.c.received_at,
-    EVENTS.c.duplicates,
+    LISTED.c.id,
+    LISTED.c.source,
+    LISTED.c.kind,
+    LISTED.c.event_name,
+    LISTED.c.platform_id,
+    LISTED.c.received_at,
+    LISTED.c.duplicates,
 )
 
 
@@ -68,7 +113,15 @@ async def events_page(engine: AsyncEngine, where: EventFilter) -> Page:
     if where.platform_id:
         conditions.append(EVENTS.c.platform_id == where.platform_id)
     conditions += _time_range(EVENTS.c.received_at, where.since, where.until)
-    return await _page(engine, query, conditions, EVENTS.c.received_at, EVENTS.c.id, where.before)
+    if where.before is not None:
+        conditions.append(_below(EVENTS.c.received_at, EVENTS.c.id, where.before))
+    page = select(EVENTS.c.id).where(*conditions).order_by(*_newest(EVENTS))
+    query = select(*EVENT_LIST_COLUMNS).where(
+        LISTED.c.id.in_(page.limit(PAGE_SIZE + 1).scalar_subquery())
+    )
+    async with engine.connect() as conn:
+        rows = sorted(await conn.execute(query), key=lambda r: (r.received_at, r.id), reverse=True)
+    return _split(rows, "received_at", "id")
 
 
 async def delivery_statuses(
@@ -128,21 +181,78 @@ async def deliveries_page(engine: AsyncEngine, where: DeliveryFilter) -> Page:
         DELIVERIES.c.next_attempt_at,
         DELIVERIES.c.last_status_code,
         DELIVERIES.c.last_error,
-        EVENTS.c.kind,
-        EVENTS.c.platform_id,
+        LISTED.c.kind,
+        LISTED.c.platform_id,
         *order_flags(),
-    ).join(EVENTS, EVENTS.c.id == DELIVERIES.c.event_id)
+    ).join(LISTED, LISTED.c.id == DELIVERIES.c.event_id)
     conditions = _delivery_conditions(where)
     return await _page(
         engine, query, conditions, DELIVERIES.c.created_at, DELIVERIES.c.id, where.before
     )
 
 
+async def delivery_in_line(engine: AsyncEngine, delivery_id: str) -> tuple[Row[Any], int] | None:
+    """A delivery with its event's kind and platform id, and how many later deliveries of its
+    per-key line wait behind it (what giving it up lets go)."""
+    query = select(DELIVERIES, EVENTS.c.kind, EVENTS.c.platform_id, EVENTS.c.received_at).join(
+        EVENTS, EVENTS.c.id == DELIVERIES.c.event_id
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query.where(DELIVERIES.c.id == delivery_id))).first()
+        if row is None:
+            return None
+        if row.order_key is None:
+            return row, 0
+        behind = select(func.count()).select_from(DELIVERIES).where(waiting_behind(row))
+        return row, int(await conn.scalar(behind) or 0)
+
+
 async def count_deliveries(engine: AsyncEngine, where: DeliveryFilter) -> int:
-    """How many deliveries match ``where`` (the bulk replay's confirmation)."""
+    """How many deliveries match ``where`` (the bulk replay's confirmation): exact, as the
+    replay is bound to it, and counted on an index alone (status or destination and status,
+    then the creation time)."""
     query = select(func.count()).select_from(DELIVERIES).where(*_delivery_conditions(where))
     async with engine.connect() as conn:
         return int(await conn.scalar(query) or 0)
+
+
+async def backlog_counts(
+    engine: AsyncEngine, destinations: Sequence[str], statuses: Sequence[str]
+) -> dict[str, dict[str, int]]:
+    """Per destination and status, how many deliveries, counted up to :data:`BACKLOG_CAP`
+    and one more (more than the cap shows as "1,000+"): each count reads at most that many
+    entries of ``ix_deliveries_destination_status``, so the destinations page costs the same
+    with a backlog of a million."""
+    parts = [
+        select(
+            literal(name).label("destination"),
+            literal(status).label("status"),
+            select(func.count())
+            .select_from(
+                select(DELIVERIES.c.id)
+                .where(DELIVERIES.c.destination == name, DELIVERIES.c.status == status)
+                .limit(BACKLOG_CAP + 1)
+                .subquery()
+            )
+            .scalar_subquery()
+            .label("count"),
+        )
+        for name in destinations
+        for status in statuses
+    ]
+    counts: dict[str, dict[str, int]] = {name: dict.fromkeys(statuses, 0) for name in destinations}
+    if not parts:
+        return counts
+    async with engine.connect() as conn:
+        for name, status, count in await conn.execute(union_all(*parts)):
+            counts[name][status] = int(count)
+    return counts
+
+
+async def destination_states(engine: AsyncEngine) -> list[Row[Any]]:
+    """Every destination's stored health (breaker, 410 switch)."""
+    async with engine.connect() as conn:
+        return list(await conn.execute(select(STATES)))
 
 
 def _delivery_conditions(where: DeliveryFilter) -> list[Any]:
@@ -152,6 +262,32 @@ def _delivery_conditions(where: DeliveryFilter) -> list[Any]:
     if where.destination:
         conditions.append(DELIVERIES.c.destination == where.destination)
     return conditions + _time_range(DELIVERIES.c.created_at, where.since, where.until)
+
+
+async def recent_outcomes(engine: AsyncEngine, now: datetime) -> dict[str, Recent]:
+    """Per destination, among the deliveries attempted within :data:`RECENT` before ``now``
+    (found through the attempts' time index, as the chart's are): those dead since, and those
+    pending after a failed attempt (attempted since their last replay)."""
+    since = now - RECENT
+    dead = and_(DELIVERIES.c.status == DEAD, DELIVERIES.c.finished_at >= since)
+    retrying = and_(
+        DELIVERIES.c.status == PENDING, DELIVERIES.c.attempts > DELIVERIES.c.schedule_base
+    )
+    query = (
+        select(
+            DELIVERIES.c.destination,
+            func.count(func.distinct(case((dead, DELIVERIES.c.id)))),
+            func.count(func.distinct(case((retrying, DELIVERIES.c.id)))),
+        )
+        .join(DELIVERIES, DELIVERIES.c.id == ATTEMPTS.c.delivery_id)
+        .where(ATTEMPTS.c.started_at > since, DELIVERIES.c.status.in_([DEAD, PENDING]))
+        .group_by(DELIVERIES.c.destination)
+    )
+    async with engine.connect() as conn:
+        return {
+            name: Recent(dead=int(dead_count), retrying=int(retrying_count))
+            for name, dead_count, retrying_count in await conn.execute(query)
+        }
 
 
 async def destination_health(engine: AsyncEngine, now: datetime) -> dict[str, list[HealthBucket]]:
@@ -231,15 +367,30 @@ async def _page(
     before: Cursor | None,
 ) -> Page:
     if before is not None:
-        after = tuple_(literal(before.moment, moment.type), literal(before.id, key.type))
-        conditions = [*conditions, tuple_(moment, key) < after]
+        conditions = [*conditions, _below(moment, key, before)]
     statement = query.where(*conditions).order_by(moment.desc(), key.desc()).limit(PAGE_SIZE + 1)
     async with engine.connect() as conn:
         rows = list(await conn.execute(statement))
+    return _split(rows, moment.name, key.name)
+
+
+def _newest(table: Any) -> tuple[Any, Any]:
+    return table.c.received_at.desc(), table.c.id.desc()
+
+
+def _below(moment: Column[Any], key: Column[Any], before: Cursor) -> Any:
+    """Rows after the cursor in the list's order: one row-value comparison, an index range."""
+    return tuple_(moment, key) < tuple_(
+        literal(before.moment, moment.type), literal(before.id, key.type)
+    )
+
+
+def _split(rows: list[Row[Any]], moment: str, key: str) -> Page:
+    """Up to a page of ``rows`` (fetched one more than a page) and the next page's cursor."""
     if len(rows) <= PAGE_SIZE:
         return Page(rows, None)
     last = rows[PAGE_SIZE - 1]
-    return Page(rows[:PAGE_SIZE], Cursor(last._mapping[moment.name], last._mapping[key.name]))
+    return Page(rows[:PAGE_SIZE], Cursor(last._mapping[moment], last._mapping[key]))
 
 
 def _time_range(column: Column[Any], since: datetime | None, until: datetime | None) -> list[Any]:

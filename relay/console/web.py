@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,13 +22,20 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from receivers.auth import IPAddress, client_address
 from receivers.problems import Problem
+from receivers.sources import Network
+from receivers.store import StoreWritable
 from relay.console.filters import BadFilter
+from relay.console.login_cookies import LoginCookies
 from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
-from relay.outbox import Due
+from relay.console.users import Users
+from relay.outbox import RELAY_WRITES, Due
 
 CONSOLE_PATH = "/console"
+OPERATOR = "relay.console.operator"
+"""Where :class:`SessionCheck` leaves a request's operator in its ASGI scope."""
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 HERE = Path(__file__).parent
 MAX_FORM_BYTES = 16 * 1024
@@ -53,7 +60,9 @@ class Console:
     """Everything the console's endpoints use; one per app."""
 
     engine: AsyncEngine
+    users: Users
     sessions: Sessions
+    login_cookies: LoginCookies
     enqueue: Enqueue
     clock: Callable[[], datetime]
     sources: list[str]
@@ -62,7 +71,11 @@ class Console:
     """Each destination's type and target (addresses without credentials)."""
     secure_cookie: bool
     throttle: LoginThrottle
+    trusted_proxies: tuple[Network, ...]
+    """Proxies whose X-Forwarded-For names the client (as for the receivers)."""
     templates: Environment
+    writable: StoreWritable = field(default_factory=lambda: StoreWritable(RELAY_WRITES))
+    """The server's state of the relay's writes, told when the store refuses an action's."""
 
     def page(
         self,
@@ -84,10 +97,18 @@ class Console:
         return HTMLResponse(html, status_code=status)
 
     def operator(self, request: Request) -> Operator | None:
-        return self.sessions.operator(request.cookies.get(SESSION_COOKIE))
+        """The request's logged-in user, as :class:`SessionCheck` found it."""
+        operator = request.scope.get(OPERATOR)
+        return operator if isinstance(operator, Operator) else None
 
     def cookie_secure(self, request: Request) -> bool:
         return self.secure_cookie or request.url.scheme == "https"
+
+    def client(self, request: Request) -> IPAddress | None:
+        """The client's address: the peer, or X-Forwarded-For's behind a trusted proxy."""
+        peer = request.client.host if request.client else None
+        forwarded = ",".join(request.headers.getlist("x-forwarded-for")) or None
+        return client_address(peer, forwarded, self.trusted_proxies)
 
 
 def templates() -> Environment:
@@ -135,6 +156,21 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class SessionCheck:
+    """Looks a request's session up once, before routing, and leaves its operator (or None)
+    in the scope for pages, actions and error pages alike."""
+
+    def __init__(self, app: ASGIApp, sessions: Sessions) -> None:
+        self.app = app
+        self.sessions = sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            cookie = Request(scope).cookies.get(SESSION_COOKIE)
+            scope[OPERATOR] = await self.sessions.operator(cookie)
+        await self.app(scope, receive, send)
 
 
 def single_values(pairs: list[tuple[str, str]]) -> dict[str, str]:
@@ -205,10 +241,6 @@ def safe_next(value: str | None, default: str) -> str:
     ):
         return value
     return default
-
-
-def client(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
 
 
 def form_values(pairs: Mapping[str, str], *names: str) -> dict[str, str]:

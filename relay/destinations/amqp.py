@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 from aio_pika import Connection, DeliveryMode, ExchangeType, Message
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from aio_pika.exceptions import (
+    AMQPConnectionError,
     AMQPError,
     ChannelInvalidStateError,
     ConnectionClosed,
@@ -136,18 +137,18 @@ class AmqpDestination:
                 exchange = await self._ready()
                 await exchange.publish(message, routing_key, mandatory=True)
         except TimeoutError:
-            error = timeout_error(timeout)
+            error, down = timeout_error(timeout), True
         except BROKER_ERRORS as exc:
-            error = self._describe(exc)
+            error, down = self._describe(exc), broker_down(exc)
         except asyncio.CancelledError:
             # a library future cancelled under us (not this task): a failed attempt
             task = asyncio.current_task()
             if task is None or task.cancelling():
                 raise
-            error = "cancelled by the AMQP client (connection closing?)"
+            error, down = "cancelled by the AMQP client (connection closing?)", False
         else:
             return Outcome(ok=True, duration_ms=_since(started))
-        return Outcome(ok=False, error=error, duration_ms=_since(started))
+        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
 
     async def aclose(self) -> None:
         """Close the connection (and wait for connections being closed in the background)."""
@@ -271,6 +272,25 @@ class AmqpDestination:
             code, text = exc.args
             return storable(f"connection closed by the broker: {code} {text}")[:MAX_ERROR_LENGTH]
         return describe_error(exc)
+
+
+def broker_down(exc: BaseException) -> bool:
+    """Whether a publish's error says the broker cannot take any message now: no connection
+    (refused, lost, closed by the broker, a login or vhost it refuses) or a nack (RabbitMQ nacks
+    what a full queue with ``overflow = reject-publish`` cannot take, and on internal errors).
+    What the broker answers to this publish alone is not: a message returned as unroutable
+    (its routing key), a channel it closes over the publish (a missing exchange, a permission
+    on the routing key, a message over its size limit), and what fails with that channel (the
+    other publishes in flight on it: one message must not count as many downs)."""
+    if isinstance(exc, PublishError):  # returned: an unroutable message
+        return False
+    if isinstance(exc, DeliveryError):  # nacked
+        return True
+    if isinstance(exc, AMQPConnectionError | OSError | InvalidFrameError):
+        return True  # InvalidFrameError: the broker closing the connection while it opens
+    if isinstance(exc, ChannelInvalidStateError):
+        return False  # a channel closed under the publish: maybe by another message
+    return isinstance(exc, RuntimeError)  # aio-pika's "connection not opened" states
 
 
 def _alive(connection: AbstractConnection) -> bool:

@@ -13,6 +13,7 @@ from relay.destinations.config import ArqDestinationConfig
 from relay.destinations.errors import describe_error, timeout_error
 from relay.destinations.outbound import Outbound, envelope
 from relay.destinations.outcome import Outcome
+from relay.destinations.redis_errors import redis_down
 
 
 class ArqDestination:
@@ -61,12 +62,12 @@ class ArqDestination:
                     _queue_name=self._queue_name,
                 )
         except TimeoutError:
-            error = timeout_error(timeout)
+            error, down = timeout_error(timeout), True
         except (RedisError, OSError) as exc:
-            error = describe_error(exc)
+            error, down = describe_error(exc), redis_down(exc)
         else:
             return Outcome(ok=True, duration_ms=_since(started))
-        return Outcome(ok=False, error=error, duration_ms=_since(started))
+        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
 
     async def aclose(self) -> None:
         """Close the pool if this destination made it."""

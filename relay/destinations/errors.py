@@ -3,14 +3,15 @@ database errors)."""
 
 from __future__ import annotations
 
-import re
 import socket
 from urllib.parse import urlsplit
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from relay.log_redaction import redact
 
 MAX_ERROR_LENGTH = 200
-USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 
 class DestinationRefused(Exception):
@@ -33,7 +34,7 @@ def describe_error(exc: BaseException) -> str:
             return "name resolution failed"
         if isinstance(cause, TimeoutError):
             return "timeout"
-    text = USERINFO.sub("", _text(exc)).strip()
+    text = redact(_text(exc)).strip()  # a client's error may quote the URL it was given
     described = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return storable(described)[:MAX_ERROR_LENGTH]
 
@@ -49,6 +50,17 @@ def without_credentials(url: str) -> str:
     """``url`` to show: without user, password, query or fragment (where secrets go)."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def database_address(url: str | URL) -> str:
+    """A database URL to show, without user, password or query, read as SQLAlchemy reads it:
+    its password may hold ``/``, ``?`` or ``#``, where :func:`without_credentials` would end
+    the userinfo and show the rest."""
+    try:
+        parsed = url if isinstance(url, URL) else make_url(url)
+    except ArgumentError:
+        return without_credentials(str(url))
+    return without_credentials(parsed.render_as_string(hide_password=True))
 
 
 def storable(text: str) -> str:

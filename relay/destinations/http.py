@@ -21,6 +21,11 @@ from relay.destinations.signing import Signer
 
 USER_AGENT = "callback-relay"
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+DOWN_STATUSES = frozenset({429, 502, 503, 504})
+"""Answers that say the destination cannot take messages now (too many requests, a gateway
+without its upstream, unavailable, a gateway's timeout): the breaker counts them. Any other
+non-2xx (a 500, a 4xx) may be answered to one message while others succeed: it is that
+message's failure (see :attr:`Outcome.down`)."""
 
 
 def new_http_client(
@@ -134,11 +139,19 @@ class HttpDestination:
                 head = await _read_head(response)
         except (TimeoutError, httpx.TimeoutException):
             if response is None:
-                return Outcome(ok=False, error=timeout_error(timeout), duration_ms=elapsed())
+                return Outcome(
+                    ok=False, error=timeout_error(timeout), duration_ms=elapsed(), down=True
+                )
             # the status came in time; the excerpt is a courtesy
         except (httpx.HTTPError, OSError) as exc:
             if response is None:
-                return Outcome(ok=False, error=describe_error(exc), duration_ms=elapsed())
+                return Outcome(
+                    ok=False,
+                    error=describe_error(exc),
+                    duration_ms=elapsed(),
+                    # no answer: down, unless the request was ours to blame
+                    down=not isinstance(exc, httpx.LocalProtocolError),
+                )
         finally:
             if response is not None:
                 with contextlib.suppress(httpx.HTTPError, OSError):
@@ -176,7 +189,8 @@ async def _read_head(response: httpx.Response) -> bytes:
 
 
 def judge(response: httpx.Response, head: bytes, duration_ms: float) -> Outcome:
-    """The outcome of an answer: 2xx is success, anything else (redirects too) a failure."""
+    """The outcome of an answer: 2xx is success, anything else (redirects too) a failure;
+    one of :data:`DOWN_STATUSES` says the destination is down."""
     status = response.status_code
     text = excerpt(head)
     if 200 <= status < 300:
@@ -196,4 +210,5 @@ def judge(response: httpx.Response, head: bytes, duration_ms: float) -> Outcome:
         retry_after=retry_after,
         gone=status == 410,
         duration_ms=duration_ms,
+        down=status in DOWN_STATUSES,
     )

@@ -61,8 +61,22 @@ MISC_INTERVAL_S = 1.0
 """How often paho's keepalive bookkeeping (``loop_misc``) runs."""
 
 
+QUOTA_EXCEEDED = 0x97
+"""The reason code of a broker out of room for the client's messages (PUBACK or DISCONNECT)."""
+MESSAGE_DISCONNECTS = frozenset({0x81, 0x82, 0x87, 0x90, 0x95, 0x99, 0x9A, 0x9B})
+"""DISCONNECT reason codes a broker may send over one PUBLISH (malformed, a protocol error,
+not authorized, a topic name or payload it refuses, too large, retain or QoS it does not
+support): the attempts that fail with that connection are not counted as the broker's downs."""
+
+
 class MqttError(Exception):
-    """A connection or a publish that failed at the MQTT level; its text holds no secret."""
+    """A connection or a publish that failed at the MQTT level; its text holds no secret.
+    ``down``: whether it says the broker cannot take any message now (see
+    :attr:`Outcome.down`)."""
+
+    def __init__(self, reason: str, *, down: bool = True) -> None:
+        super().__init__(reason)
+        self.down = down
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,8 @@ class MqttConnection:
         self._fd: int | None = None
         self._misc: asyncio.Task[None] | None = None
         self.lost: str | None = None
+        self._lost_down = True
+        """Whether the end of the connection says the broker is down (see MqttError)."""
 
     @classmethod
     async def open(
@@ -164,10 +180,13 @@ class MqttConnection:
     ) -> ReasonCode:
         """Publish and wait for the PUBACK (QoS 1) or PUBCOMP (QoS 2); its reason code."""
         if self.lost is not None:
-            raise MqttError(self.lost)
+            raise MqttError(self.lost, down=self._lost_down)
         info = self._client.publish(topic, payload, qos, retain=False, properties=properties)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
-            raise MqttError(f"publish failed: {mqtt.error_string(info.rc)}")
+            raise MqttError(
+                f"publish failed: {mqtt.error_string(info.rc)}",
+                down=info.rc != mqtt.MQTT_ERR_PAYLOAD_SIZE,
+            )
         # the acknowledgement is read by a later turn of the loop: registering now is in time
         acked: asyncio.Future[ReasonCode] = self._loop.create_future()
         self._pending[info.mid] = acked
@@ -244,11 +263,11 @@ class MqttConnection:
             self._forget_socket()
             sock.close()
 
-    def _end(self, why: str) -> None:
+    def _end(self, why: str, *, down: bool = True) -> None:
         """The connection is over: fail whatever waits on it."""
         if self.lost is None:
-            self.lost = why
-        error = MqttError(self.lost)
+            self.lost, self._lost_down = why, down
+        error = MqttError(self.lost, down=self._lost_down)
         if not self._connack.done():
             self._connack.set_exception(error)
         for acked in self._pending.values():
@@ -290,7 +309,10 @@ class MqttConnection:
         properties: Properties | None,
     ) -> None:
         if flags.is_disconnect_packet_from_server:
-            self._end(f"disconnected by the broker: {reason_code.getName()}")
+            self._end(
+                f"disconnected by the broker: {reason_code.getName()}",
+                down=reason_code.value not in MESSAGE_DISCONNECTS,
+            )
         else:
             self._end("connection lost")
 
@@ -401,16 +423,18 @@ class MqttDestination:
                 connection = await self._connected(timeout)
                 reason = await connection.publish(topic, body, self._qos, properties)
         except TimeoutError:
-            error = timeout_error(timeout)
+            error, down = timeout_error(timeout), True
         except MqttError as exc:  # this module's own words, without secrets
-            error = str(exc)
+            error, down = str(exc), exc.down
         except (OSError, ValueError) as exc:
-            error = describe_error(exc)
+            # paho's ValueError: a topic or payload it will not send, this message's own
+            error, down = describe_error(exc), isinstance(exc, OSError)
         else:
             if not reason.is_failure:
                 return Outcome(ok=True, duration_ms=_since(started))
             error = f"the broker refused the message: {reason.getName()} (0x{reason.value:02x})"
-        return Outcome(ok=False, error=error, duration_ms=_since(started))
+            down = reason.value == QUOTA_EXCEEDED  # out of room; other refusals are this message's
+        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
 
     async def aclose(self) -> None:
         """Disconnect."""

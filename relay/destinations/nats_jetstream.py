@@ -37,8 +37,8 @@ import time
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client
+from nats.errors import BadHeaderError, BadSubjectError, MaxPayloadError, OutboundBufferLimitError
 from nats.errors import Error as NatsError
-from nats.errors import OutboundBufferLimitError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
@@ -88,8 +88,26 @@ CONNECTION_LOST = (
 )
 
 
+JETSTREAM_CAPACITY_CODES = frozenset({10002, 10023, 10028, 10047, 10077, 10118})
+"""JetStream's refusals for want of room or availability: the account's or the server's
+resources (memory, storage), a stream's limits with ``discard = new`` (store failed), a stream
+offline. They say the stream cannot take messages now: the breaker counts them."""
+PER_SUBJECT_LIMIT = "per subject"
+"""In a store failure, a limit of one subject (``max_msgs_per_subject``): that message's own."""
+
+
+MESSAGE_ERRORS = (MaxPayloadError, BadSubjectError, BadHeaderError)
+"""What nats-py refuses to send for the message's sake (its size, its subject, its headers)."""
+
+
 class NotDelivered(Exception):
-    """An attempt that cannot succeed now; its text is the attempt's error."""
+    """An attempt that cannot succeed now; its text is the attempt's error. ``down``: whether
+    it says the server cannot take any message now (no connection, no JetStream, no room), not
+    only this one (see :attr:`Outcome.down`)."""
+
+    def __init__(self, reason: str, *, down: bool = True) -> None:
+        super().__init__(reason)
+        self.down = down
 
 
 class NatsDestination:
@@ -171,22 +189,23 @@ class NatsDestination:
                 link = await self._ready()
                 await self._publish(link, subject, body, headers, deadline - loop.time())
         except TimeoutError:  # nats-py's request timeout is one too
-            error = timeout_error(timeout)
+            error, down = timeout_error(timeout), True
             if self._link is not None and self._link.in_handshake():
                 error = f"{error}: {HANDSHAKE_STALLED}"  # nats-py's own timeout is later
         except NotDelivered as exc:
-            error = str(exc)
+            error, down = str(exc), exc.down
         except (NatsError, OSError) as exc:
-            error = describe(exc)
+            # what nats-py refuses to send (too large, a bad subject or header) is this message's
+            error, down = describe(exc), not isinstance(exc, MESSAGE_ERRORS)
         except asyncio.CancelledError:
             # a library future cancelled under us (not this task): a failed attempt
             task = asyncio.current_task()
             if task is None or task.cancelling():
                 raise
-            error = "cancelled by the NATS client (connection closing?)"
+            error, down = "cancelled by the NATS client (connection closing?)", True
         else:
             return Outcome(ok=True, duration_ms=_since(started))
-        return Outcome(ok=False, error=error, duration_ms=_since(started))
+        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
 
     async def aclose(self) -> None:
         """Close the connection (and stop nats-py's connection attempts)."""
@@ -242,24 +261,26 @@ class NatsDestination:
             publishing.result()
         except NoStreamResponseError:
             # no responder: no stream captures the subject, or no JetStream at all
-            raise NotDelivered(await self._no_stream_reason(js, subject)) from None
+            raise await self._no_stream(js, subject) from None
         except OutboundBufferLimitError:
             # nats-py refuses to buffer while it reconnects (pending_size=0)
             raise NotDelivered(link.problem or NOT_CONNECTED) from None
         except APIError as exc:
-            raise NotDelivered(jetstream_refusal(exc)) from None
+            raise NotDelivered(jetstream_refusal(exc), down=jetstream_full(exc)) from None
 
-    async def _no_stream_reason(self, js: JetStreamContext, subject: str) -> str:
+    async def _no_stream(self, js: JetStreamContext, subject: str) -> NotDelivered:
         """Why a publish to ``subject`` had no responder: JetStream answers the account
-        information request only where it is enabled."""
+        information request only where it is enabled. A subject no stream captures is this
+        message's failure (subjects are built per event); no JetStream at all fails every
+        message."""
         try:
             await js.account_info()
         except ServiceUnavailableError as exc:
             if jetstream_disabled(exc):
-                return JETSTREAM_DISABLED
+                return NotDelivered(JETSTREAM_DISABLED)
         except NatsError:
             pass  # the account request failed too: the publish's own answer stands
-        return f"no JetStream stream captures subject {subject!r}"
+        return NotDelivered(f"no JetStream stream captures subject {subject!r}", down=False)
 
 
 def msg_id(destination: str, event_id: str) -> str:
@@ -404,6 +425,16 @@ def jetstream_disabled(exc: ServiceUnavailableError) -> bool:
     """Whether a 503 to a JetStream API request means JetStream is off: nobody answered (the
     server has no JetStream), or the server said it is not enabled (for the account)."""
     return exc.code is None or exc.err_code in JETSTREAM_DISABLED_CODES
+
+
+def jetstream_full(exc: APIError) -> bool:
+    """Whether JetStream's refusal of a message says it cannot take messages now (it is
+    unavailable, or out of room: :data:`JETSTREAM_CAPACITY_CODES`), rather than refusing this
+    message (over the size limit, a sealed stream, a limit of its subject, which JetStream
+    also answers with 503)."""
+    if PER_SUBJECT_LIMIT in (exc.description or ""):
+        return False
+    return exc.code in (429, 503) or exc.err_code in JETSTREAM_CAPACITY_CODES
 
 
 def jetstream_refusal(exc: APIError) -> str:

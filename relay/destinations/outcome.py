@@ -16,6 +16,13 @@ class Outcome:
     destination's answer (at most ``EXCERPT_BYTES`` bytes, decoded leniently). ``retry_after`` is
     what a 429/503 answer asked for, unclamped (the retry policy bounds it). ``gone`` means the
     destination answered 410: it does not want this (or any) event any more.
+
+    ``down`` tells a failure that says the destination cannot take any message now (no
+    connection, a timeout, an answer of overload or unavailability, a broker out of capacity)
+    from a failure of this message alone (any other answer): only the first kind counts toward
+    the breaker (:func:`relay.breaker.after_outcome`). Each destination sets it where it learns
+    the cause; a failure it cannot place stays ``False``, so that what a message's content can
+    provoke never pauses the destination for every other sender's messages.
     """
 
     ok: bool
@@ -25,6 +32,7 @@ class Outcome:
     retry_after: timedelta | None = None
     gone: bool = False
     duration_ms: float = 0.0
+    down: bool = False
 
 
 def excerpt(data: bytes) -> str | None:

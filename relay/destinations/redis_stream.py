@@ -17,6 +17,7 @@ from relay.destinations.config import RedisStreamDestinationConfig
 from relay.destinations.errors import describe_error, timeout_error
 from relay.destinations.outbound import Outbound, iso_utc, render
 from relay.destinations.outcome import Outcome
+from relay.destinations.redis_errors import redis_down
 
 
 class RedisStreamDestination:
@@ -57,14 +58,14 @@ class RedisStreamDestination:
                     self._stream, fields, maxlen=self._maxlen, approximate=True
                 )
         except TimeoutError:
-            error = timeout_error(timeout)
+            error, down = timeout_error(timeout), True
         except (RedisError, OSError) as exc:
-            error = describe_error(exc)
+            error, down = describe_error(exc), redis_down(exc)
         else:
             ok = bool(entry_id)
             error = None if ok else "XADD returned no entry id"
             return Outcome(ok=ok, error=error, duration_ms=_since(started))
-        return Outcome(ok=False, error=error, duration_ms=_since(started))
+        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
 
     async def aclose(self) -> None:
         """Close the client if this destination made it."""

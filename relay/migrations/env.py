@@ -7,6 +7,7 @@ from sqlmodel import SQLModel
 
 from receivers.store import tables as receiver_tables  # noqa: F401  (registers the tables)
 from relay import tables as relay_tables  # noqa: F401
+from relay.console import tables as console_tables  # noqa: F401
 
 connection = context.config.attributes.get("connection")
 if connection is None:
