@@ -89,7 +89,7 @@ def create_app(
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    ping = DatabasePing(engine, READY_TIMEOUT_SECONDS)
+    ping = DatabasePing(engine, READY_TIMEOUT_SECONDS, writer.writable)
 
     async def readyz(request: Request) -> Response:
         """Ready: the writer runs, and the database answers or, while the store refuses the
@@ -101,7 +101,7 @@ def create_app(
             if writable.full:
                 await asyncio.wait_for(probe(), READY_TIMEOUT_SECONDS)
             else:
-                await ping()  # logged by the ping, once per change
+                await ping()  # logged once per change (the callbacks' state)
         except Exception:
             if writable.full:
                 return store_problem(StoreFull()).response()

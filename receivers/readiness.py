@@ -3,7 +3,9 @@
 ``/readyz`` needs no credentials, so anybody may call it as often as they like: requests that
 arrive while a ping is under way wait for that ping's outcome instead of each taking a
 connection of the pool that the callbacks need. A failing database is one log line when pings
-start failing and one when they succeed again, not a line per request.
+start failing and one when they succeed again, not a line per request: the lines of the
+callbacks' :class:`~receivers.store.writable.StoreWritable` when one is given (an unreachable
+store is then one outage, whether callbacks or checks met it), else lines of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import logging
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.store.writable import StoreWritable
+
 log = logging.getLogger(__name__)
 
 
@@ -21,9 +25,12 @@ class DatabasePing:
     """``await ping()``: returns once the database has answered ``SELECT 1`` within
     ``timeout`` seconds, else raises; concurrent calls share one ping."""
 
-    def __init__(self, engine: AsyncEngine, timeout: float) -> None:
+    def __init__(
+        self, engine: AsyncEngine, timeout: float, writable: StoreWritable | None = None
+    ) -> None:
         self._engine = engine
         self._timeout = timeout
+        self._writable = writable
         self._pinging: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -39,10 +46,15 @@ class DatabasePing:
             async with asyncio.timeout(self._timeout), self._engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
         except Exception as exc:
+            if self._writable is not None and self._writable.failed(exc):
+                raise  # the store's state says it, once
             if not self._failing:
                 self._failing = True
                 log.warning("readiness check failed: %s", type(exc).__name__)
             raise
+        writable = self._writable
+        if writable is not None and writable.refusal is not None and not writable.full:
+            writable.succeeded()  # it answers: no longer unreachable (a full one says so itself)
         if self._failing:
             self._failing = False
             log.info("readiness check: the database answers again")

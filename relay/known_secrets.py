@@ -29,6 +29,10 @@ UPPER_ESCAPE = re.compile(r"%[0-9A-F]{2}")
 HEADER_SECRET_WORDS = ("auth", "token", "secret", "key", "pass", "pwd", "sig", "cookie", "session")
 """A destination header whose name holds one of these carries a secret (``Authorization``,
 ``X-Api-Key``, ``Cookie``...)."""
+USER_IS_TOKEN = frozenset({"nats", "tls", "redis", "rediss"})
+"""Schemes whose user alone (``nats://TOKEN@host``) is a credential: NATS reads it as a token,
+and a Redis password is often written there by mistake. Elsewhere (``postgresql://relay@db``)
+a user alone is a name, not a secret."""
 
 
 class KnownSecrets:
@@ -137,7 +141,8 @@ def _header_secrets(text: str, place: str) -> Iterator[tuple[str, str]]:
 
 def url_secrets(url: str, *, database: bool = False) -> list[str]:
     """The secrets of a URL (of each, for NATS's comma-separated servers): the password of its
-    userinfo (or the user alone, which may be a token), as written and decoded, the pair as
+    userinfo (or, for the schemes of :data:`USER_IS_TOKEN`, the user alone), as written and
+    decoded, the pair as
     ``Authorization: Basic`` carries it, the values of secret-looking query parameters, and
     for a ``database`` URL its password as SQLAlchemy reads it (which may hold ``/``, ``?``
     or ``#``)."""
@@ -147,7 +152,8 @@ def url_secrets(url: str, *, database: bool = False) -> list[str]:
         userinfo = parts.netloc.rpartition("@")[0]
         if userinfo:
             user, colon, password = userinfo.partition(":")
-            secret = password if colon else user
+            token_user = parts.scheme.lower() in USER_IS_TOKEN
+            secret = password if colon else (user if token_user else "")
             found += [secret, unquote(secret)]
             if colon:
                 pair = f"{unquote(user)}:{unquote(password)}".encode()

@@ -140,6 +140,23 @@ def test_a_urls_password_token_and_query_secrets_are_collected(url: str, secrets
     assert not any(word in found for word in ("svc", "a", "u", "x", "host", "name"))
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://relay@db.internal/relay",  # README's own example
+        "postgresql://nobody@127.0.0.1:1/x",
+        "amqp://relay-user@rabbit/",
+        "http://svc@host/in",
+        "mqtt://device@broker",
+    ],
+)
+def test_a_user_alone_is_a_name_not_a_secret_outside_nats_and_redis(url: str) -> None:
+    assert url_secrets(url, database=url.startswith("postgresql")) == []
+    settings = Settings(database_url=url) if url.startswith("postgresql") else None
+    if settings is not None:  # and nothing to warn about at start
+        assert known_secrets(settings).too_short == ()
+
+
 def test_a_database_password_is_read_as_sqlalchemy_reads_it() -> None:
     url = f"postgresql://relay:{SECRET}/?#@db.internal/relay"
     assert f"{SECRET}/?#" in url_secrets(url, database=True)
