@@ -22,7 +22,7 @@ from receivers.store.tables import ReceivedEvent, RejectedBody
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
-WAIT_SECONDS = 15.0
+WAIT_SECONDS = 30.0
 """How long a bounded wait waits before the test fails."""
 
 

@@ -105,15 +105,15 @@ async def destination(config: NatsDestinationConfig) -> AsyncIterator[NatsDestin
 async def until(
     attempt: Callable[[], Awaitable[Outcome]], done: Callable[[Outcome], bool], timeout: float
 ) -> Outcome:
-    """Attempt again (every 0.1 s) until an outcome is ``done``; fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        outcome = await attempt()
-        if done(outcome):
-            return outcome
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still {outcome} after {timeout} s")
-        await asyncio.sleep(0.1)
+    """Attempt again until an outcome is ``done``; that outcome."""
+    last: list[Outcome] = []
+
+    async def check() -> bool:
+        last[:] = [await attempt()]
+        return done(last[0])
+
+    await eventually(check, timeout=timeout)
+    return last[0]
 
 
 # --- publishing and reading back ----------------------------------------------------------------

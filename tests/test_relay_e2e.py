@@ -28,6 +28,7 @@ from relay.simulator import factories
 from relay.tables import SUCCEEDED, Delivery
 from relay.worker import build_worker
 from tests.conftest import REDIS_URL, TOKEN, running_client
+from tests.store_support import eventually
 from tests.support import Answer, Sink
 
 POSTS: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -37,20 +38,6 @@ POSTS: list[tuple[str, Callable[[], dict[str, Any]]]] = [
     ("/hooks/conversations", factories.conversations_status),
     ("/hooks/tts/events", factories.tts_event),
 ]
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 30.0) -> None:
-    """Wait for asynchronous work (a real worker) to reach a state; fail after ``timeout``."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not reached within {timeout} s")
-        await asyncio.sleep(0.05)
 
 
 def quick_settings(
