@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import sys
+
 import click
 
 from relay.commands.console import console_commands
@@ -18,6 +21,15 @@ from relay.simulator.cli import simulate
 @click.version_option(package_name="callback-relay")
 def main() -> None:
     """callback-relay: receive the platform's callbacks, store them, relay them."""
+    print_lone_surrogates_escaped()
+
+
+def print_lone_surrogates_escaped() -> None:
+    """A stored payload may hold a lone surrogate (valid JSON, not UTF-8): the commands that
+    print it (and the logs) show its escape, ``\\ud800``, instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
 
 
 for command in (

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import asyncpg
@@ -23,6 +25,7 @@ from relay.settings import NAME_LENGTH, SettingsError, config_path, load_setting
 from relay.simulator import factories
 from relay.tables import Delivery, DestinationState
 from tests.conftest import PG_ADMIN_DSN, TOKEN, running_client, service_missing
+from tests.store_support import child_environment
 from tests.support import free_port
 
 
@@ -86,6 +89,39 @@ def test_events_list_show_and_rejected_list(tmp_path: Path) -> None:
     [rejected] = json.loads(relay("rejected", "list", "--json", "--config", config))
     assert rejected["status"] == 400 and rejected["raw_body"] == "{broken"
     assert "/hooks/numinfo/gnp" in relay("rejected", "list", "--config", config)
+
+
+def test_a_payload_with_a_lone_surrogate_prints_as_its_escape(tmp_path: Path) -> None:
+    """Valid JSON that is not UTF-8 (``"\\ud800"``) is accepted and stored: a real terminal's
+    strict UTF-8 output would make `events show` fail on it."""
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    config = str(write_config(tmp_path, url))
+    relay("db", "upgrade", "--config", config)
+    body = json.dumps(factories.sms_inbound({"message": "a\ud800b"}))
+
+    async def store() -> str:
+        engine = create_engine(url)
+        try:
+            async with running_client(engine) as client:
+                answer = await client.post(
+                    f"/hooks/sms/inbound?token={TOKEN}",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                )
+                assert answer.status_code == 200, answer.text
+                return str(answer.json()["id"])
+        finally:
+            await engine.dispose()
+
+    event_id = asyncio.run(store())
+    shown = subprocess.run(
+        [sys.executable, "-m", "relay", "events", "show", event_id, "--config", config],
+        capture_output=True,
+        env=child_environment() | {"PYTHONIOENCODING": "utf-8"},
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr.decode(errors="replace")
+    assert b'"a\\ud800b"' in shown.stdout
 
 
 def test_show_unknown_event_is_a_clear_error(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from relay import outbox
 from relay.console.sessions import SESSION_COOKIE
 from relay.simulator import factories
 from relay.tables import DEAD, HELD, PENDING
+from tests.conftest import TOKEN, running_client
 from tests.console_support import PASSWORD, USER, ConsoleClient, console_client
 from tests.relay_support import START, Clock, Relay, store_events
 from tests.support import Answer, Sink
@@ -164,6 +166,25 @@ async def test_hostile_payloads_render_as_text(
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page or "&lt;img src=x" in page
     page = (await operator.http.get("/console/events", params={"q": '"><img src=x>'})).text
     assert "<img src=x>" not in page
+
+
+async def test_a_payload_with_a_lone_surrogate_renders_as_its_escape(
+    engine: AsyncEngine, clock: Clock, operator: ConsoleClient
+) -> None:
+    """Valid JSON, not UTF-8: accepted and relayed, so the console shows it too."""
+    body = json.dumps(factories.sms_inbound({"requestId": "lone", "message": "a\ud800b"}))
+    async with running_client(engine, clock=clock) as client:
+        answer = await client.post(
+            f"/hooks/sms/inbound?token={TOKEN}",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+    assert answer.status_code == 200, answer.text
+    page = await operator.http.get(f"/console/events/{answer.json()['id']}")
+    assert page.status_code == 200
+    assert "a\\ud800b" in page.text
+    listed = await operator.http.get("/console/events", params={"q": "lone"})
+    assert listed.status_code == 200 and answer.json()["id"] in listed.text
 
 
 async def test_the_events_page_finds_an_event_by_its_platform_id(

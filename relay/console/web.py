@@ -94,7 +94,8 @@ class Console:
             path=request.url.path,
             **values,
         )
-        return HTMLResponse(html, status_code=status)
+        # a stored payload may hold a lone surrogate (valid JSON, no UTF-8): shown as its escape
+        return HTMLResponse(html.encode("utf-8", "backslashreplace"), status_code=status)
 
     def operator(self, request: Request) -> Operator | None:
         """The request's logged-in user, as :class:`SessionCheck` found it."""
