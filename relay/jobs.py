@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.connections import ArqRedis, RedisSettings
 from redis.exceptions import RedisError
 
 from receivers.store import utc_now
@@ -22,6 +22,9 @@ QUEUE_NAME = "relay:queue"
 DELIVER_FUNCTION = "deliver"
 ENQUEUE_CONCURRENCY = 32
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CONNECT_TIMEOUT_SECONDS = 1.0
+COMMAND_TIMEOUT_SECONDS = 5.0
+"""The longest the relay waits for Redis to answer a command (none of its commands block)."""
 EXPIRY_MARGIN = timedelta(days=1)
 """How long a job may wait in the queue past its due time before arq drops it (arq's default)."""
 
@@ -39,22 +42,33 @@ def deliver_job_id(due: Due) -> str:
 
 
 async def open_pool(redis_url: str) -> ArqRedis:
-    """A connection pool to the relay queue's Redis, checked with one PING (arq's connect
-    timeout, 1 s) and none of arq's connection retries: a Redis that is down or refuses the
-    login is a :class:`SettingsError` naming it, without its password."""
+    """A connection pool to the relay queue's Redis, checked with one PING, without retries: a
+    Redis that is down or refuses the login is a :class:`SettingsError` naming it, without its
+    password.
+
+    Unlike arq's ``create_pool`` it sets a read timeout: a Redis that hangs (stopped, or a
+    partition that drops packets) would stall a poll or an enqueue for good, unnoticed; its
+    commands now fail after :data:`COMMAND_TIMEOUT_SECONDS`, which reports the queue lost."""
     try:
-        settings = dataclasses.replace(RedisSettings.from_dsn(redis_url), conn_retries=0)
+        RedisSettings.from_dsn(redis_url)  # the schemes and forms arq's workers take
+        pool = ArqRedis.from_url(
+            redis_url,
+            socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            socket_timeout=COMMAND_TIMEOUT_SECONDS,
+        )
     except (RuntimeError, ValueError):
         raise SettingsError(
             f"redis_url {without_credentials(redis_url)} is not a redis://, rediss:// or "
             "unix:// URL"
         ) from None
     try:
-        return await create_pool(settings)
+        await pool.ping()
     except (RedisError, OSError, TimeoutError) as exc:
+        await pool.aclose()
         raise SettingsError(
             f"cannot connect to Redis at {without_credentials(redis_url)}: {describe_error(exc)}"
         ) from None
+    return pool
 
 
 class JobQueue:

@@ -48,7 +48,7 @@ from tests.metrics_support import sample
 from tests.outage_support import RestartableRedis
 from tests.relay_support import Clock, store_events
 from tests.store_support import eventually, within
-from tests.support import Answer, Sink, free_port
+from tests.support import Answer, Sink, free_port, pause_process
 
 pytestmark = pytest.mark.slow
 
@@ -293,6 +293,31 @@ async def test_a_redis_restart_with_deliveries_in_flight_loses_nothing(
         await deployment.all_delivered()
     assert deployment.answers == [200] * 60
     assert len(deployment.acked) == 60
+    deployment.assert_alive()
+    assert_one_outage(deployment.worker)
+    assert_one_outage(deployment.serve)
+
+
+async def test_a_redis_that_hangs_is_lost_and_back_like_one_that_stops(
+    deployment: Deployment,
+) -> None:
+    """A stopped server (or a partition that drops packets) accepts nothing and refuses
+    nothing: the commands time out, which is an outage like a refused connection."""
+    async with httpx.AsyncClient() as client:
+        await deployment.post(client, 5)
+        await deployment.all_delivered()
+        pause_process(deployment.redis.process)
+        try:
+            await deployment.post(client, 10)  # accepted while Redis hangs
+            await until_logged(deployment.worker, "queue lost: ")
+            await until_logged(deployment.serve, "queue lost: ")
+            await eventually(lambda: deployment.queue_connected_is((0, 0)))
+        finally:
+            deployment.redis.process.send_signal(signal.SIGCONT)
+        await until_logged(deployment.worker, "queue back after ")
+        await until_logged(deployment.serve, "queue back after ")
+        await deployment.all_delivered()
+    assert deployment.answers == [200] * 15
     deployment.assert_alive()
     assert_one_outage(deployment.worker)
     assert_one_outage(deployment.serve)
