@@ -8,6 +8,7 @@ import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import httpx
 import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -250,6 +251,8 @@ async def test_pages_follow_each_other_without_gaps_or_repeats(
         {"before": "99999999999999999999~00000000-0000-7000-8000-000000000000"},
         {"q": "x" * 201},
         {"q": "a\x00b"},
+        {"before": "\uff11\uff17\uff19~00000000-0000-7000-8000-000000000000"},  # wide digits
+        {"before": " 1795~00000000-0000-7000-8000-000000000000"},
     ],
 )
 async def test_bad_filters_are_a_400_problem(
@@ -269,6 +272,17 @@ async def test_a_browser_gets_errors_as_a_page(operator: ConsoleClient) -> None:
     assert answer.status_code == 400
     assert answer.headers["content-type"].startswith("text/html")
     assert "<b>x</b>" not in answer.text
+
+
+@pytest.mark.parametrize("query", ["q=%ff", "q=a%c3", "kind=%ed%a0%80"])
+async def test_a_query_that_is_not_utf8_is_a_400_problem(
+    operator: ConsoleClient, query: str
+) -> None:
+    """Percent-escapes decode as UTF-8 or the query is refused (never replaced by U+FFFD)."""
+    raw = query.encode("latin-1")
+    answer = await operator.http.get(httpx.URL("/console/events", query=raw))
+    assert answer.status_code == 400
+    assert "not UTF-8" in answer.json()["detail"]
 
 
 async def test_a_repeated_parameter_is_refused(operator: ConsoleClient) -> None:
@@ -295,6 +309,7 @@ async def test_unknown_ids_and_wrong_methods(operator: ConsoleClient) -> None:
         (b"csrf=" + b"x" * 20_000, "application/x-www-form-urlencoded"),
         (b'{"csrf": "x"}', "application/json"),
         (b"csrf=\xff\xfe", "application/x-www-form-urlencoded"),
+        (b"csrf=x&reason=%ff%fe", "application/x-www-form-urlencoded"),
         (b"csrf=a&csrf=b", "application/x-www-form-urlencoded"),
         (b"&".join(b"f%d=1" % i for i in range(100)), "application/x-www-form-urlencoded"),
     ],

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 from receivers.kinds import KINDS_BY_NAME
 from relay.tables import DELIVERY_STATUSES
 
-CURSOR = re.compile(r"(-?\d{1,20})~([0-9a-f-]{36})")
+CURSOR = re.compile(r"(-?[0-9]{1,20})~([0-9a-f-]{36})")
 LONGEST_VALUE = 200
 EARLIEST_YEAR, LATEST_YEAR = 1970, 9000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -151,10 +151,10 @@ def _moment(params: Mapping[str, str], name: str) -> datetime | None:
 
 
 def _cursor(params: Mapping[str, str]) -> Cursor | None:
-    value = _text(params, "before", 60)
-    if value is None:
-        return None
-    match = CURSOR.fullmatch(value)
+    value = params.get("before")
+    if value is None or not value.strip():
+        return None  # a blank cursor is the first page
+    match = CURSOR.fullmatch(value)  # as the console wrote it: no spaces, ASCII digits
     if match is None:
         raise BadFilter("before: not a page cursor")
     try:

@@ -185,8 +185,9 @@ def single_values(pairs: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def query(request: Request) -> dict[str, str]:
-    """The request's query parameters, each at most once."""
-    return single_values(list(request.query_params.multi_items()))
+    """The request's query parameters, each at most once, in UTF-8 (raw or percent-escaped;
+    Starlette would replace what is not)."""
+    return single_values(utf8_pairs(request.scope.get("query_string", b""), "the query"))
 
 
 async def form(request: Request) -> dict[str, str]:
@@ -199,14 +200,22 @@ async def form(request: Request) -> dict[str, str]:
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise BadFilter(f"the form is larger than {MAX_FORM_BYTES} bytes")
+    pairs = utf8_pairs(body, "the form")
+    return single_values(pairs)
+
+
+def utf8_pairs(encoded: bytes, what: str) -> list[tuple[str, str]]:
+    """The name-value pairs of an urlencoded string; :class:`BadFilter` when it (or a
+    percent-escape in it) is not UTF-8, or has too many fields."""
     try:
-        text = body.decode("utf-8")
-        pairs = parse_qsl(
-            text, keep_blank_values=True, strict_parsing=False, max_num_fields=MAX_FORM_FIELDS
+        return parse_qsl(
+            encoded.decode("utf-8"),
+            keep_blank_values=True,
+            errors="strict",
+            max_num_fields=MAX_FORM_FIELDS,
         )
     except (UnicodeDecodeError, ValueError):
-        raise BadFilter("the form is not UTF-8 or has too many fields") from None
-    return single_values(pairs)
+        raise BadFilter(f"{what} is not UTF-8 or has too many fields") from None
 
 
 def error(console: Console, request: Request, status: int, title: str, detail: str) -> Response:
