@@ -56,6 +56,19 @@ async def test_an_unanswered_request_holds_back_no_other() -> None:
     assert load.waited == 0
 
 
+async def test_a_busy_pool_opens_one_more_connection_for_a_waiting_request() -> None:
+    server, _ = await _serve(hold_first_until=2)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        due = [time.monotonic()] * 2
+        load = await harness.open_loop(
+            port, lambda i: harness.post("/", port, str(i).encode()), due, 1, max_connections=2
+        )
+    assert load.status == [200, 200]
+    assert load.connections == 2
+    assert load.sent[1] < load.acked[0]
+
+
 async def test_a_request_waiting_for_a_connection_counts_its_wait() -> None:
     server, _ = await _serve(hold_first_until=1)
     port = server.sockets[0].getsockname()[1]
