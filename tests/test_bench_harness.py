@@ -1,0 +1,127 @@
+"""The end-to-end bench's harness (``scripts/harness.py``) measures what its figures claim: the
+load is open loop (due times fixed by the rate, a late answer holds back no other request, ack
+latency counted from the due time) and the lag is the sink's arrival minus ``received_at``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from freezegun import freeze_time
+
+from scripts import harness
+
+
+def test_the_schedule_depends_on_the_rate_alone() -> None:
+    assert harness.schedule(10.0, 4, 3) == [10.0, 10.25, 10.5]
+
+
+async def _serve(hold_first_until: int) -> tuple[asyncio.Server, list[int]]:
+    """A server answering each POST (its body: the request's index) with 200; the answer to
+    request 0 waits until ``hold_first_until`` requests have arrived."""
+    arrived: list[int] = []
+    everyone_in = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            index = int(await reader.readexactly(length))
+            arrived.append(index)
+            if len(arrived) >= hold_first_until:
+                everyone_in.set()
+            if index == 0:
+                await everyone_in.wait()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    return await asyncio.start_server(handle, harness.HOST, 0), arrived
+
+
+async def test_an_unanswered_request_holds_back_no_other() -> None:
+    server, arrived = await _serve(hold_first_until=3)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        due = harness.schedule(time.monotonic(), 1000, 3)
+        load = await harness.open_loop(
+            port, lambda i: harness.post("/", port, str(i).encode()), due, connections=3
+        )
+    assert load.status == [200, 200, 200]
+    assert sorted(arrived) == [0, 1, 2]
+    assert load.sent[2] < load.acked[0]  # request 2 went out while request 0 was unanswered
+    assert load.waited == 0
+
+
+async def test_a_busy_pool_opens_one_more_connection_for_a_waiting_request() -> None:
+    server, _ = await _serve(hold_first_until=2)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        due = [time.monotonic()] * 2
+        load = await harness.open_loop(
+            port, lambda i: harness.post("/", port, str(i).encode()), due, 1, max_connections=2
+        )
+    assert load.status == [200, 200]
+    assert load.connections == 2
+    assert load.sent[1] < load.acked[0]
+
+
+async def test_a_request_waiting_for_a_connection_counts_its_wait() -> None:
+    server, _ = await _serve(hold_first_until=1)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        due = [time.monotonic()] * 3  # all due at once, one connection
+        load = await harness.open_loop(
+            port, lambda i: harness.post("/", port, str(i).encode()), due, connections=1
+        )
+    assert load.waited == 2
+    assert load.sent[2] >= load.acked[1]
+    ack_ms = load.ack_ms()
+    assert ack_ms[2] == (load.acked[2] - due[2]) * 1000
+    assert ack_ms[2] > (load.acked[2] - load.sent[2]) * 1000
+
+
+async def _call(app: harness.Asgi, method: str, path: str, body: bytes = b"") -> bytes:
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app({"type": "http", "method": method, "path": path, "headers": []}, receive, send)
+    assert sent[0]["status"] == 200
+    return bytes(sent[1]["body"])
+
+
+def test_the_sink_records_arrival_minus_received_at() -> None:
+    sink = harness.make_sink()
+    envelope = {"id": "e1", "received_at": "2026-03-01T12:00:00.250000Z", "payload": {}}
+
+    async def play() -> tuple[list[list[Any]], int]:
+        with freeze_time("2026-03-01 12:00:00.750"):
+            await _call(sink, "POST", "/deliveries", json.dumps(envelope).encode())
+        await _call(sink, "POST", "/deliveries", b"not an envelope")
+        records = json.loads(await _call(sink, "GET", "/_sink/records"))
+        count = int(await _call(sink, "GET", "/_sink/count"))
+        await _call(sink, "POST", "/_sink/reset")
+        assert await _call(sink, "GET", "/_sink/count") == b"0"
+        return records, count
+
+    records, count = asyncio.run(play())
+    assert count == 2
+    [(event_id, received_at, lag)] = records
+    assert event_id == "e1"
+    assert received_at == 1772366400.25
+    assert abs(lag - 0.5) < 1e-6
+
+
+def test_every_report_is_a_new_event() -> None:
+    first, second = (json.loads(harness.dlr_body(i)) for i in (1, 2))
+    assert first["requestId"] != second["requestId"]
+    assert {"requestId", "status", "parts"} <= first.keys()
