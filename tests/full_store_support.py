@@ -126,8 +126,9 @@ class PostgresStore:
     """A PostgreSQL store whose writes fail with ``disk_full`` while it is filled; call
     :meth:`install` first and :meth:`remove` at the end."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, tables: tuple[str, ...] = FULL_TABLES) -> None:
         self.engine = engine
+        self.tables = tables
 
     async def install(self) -> None:
         statements = [
@@ -143,7 +144,7 @@ class PostgresStore:
                 RETURN NULL;
             END $$""",
         ]
-        for table in FULL_TABLES:
+        for table in self.tables:
             statements += [
                 f"DROP TRIGGER IF EXISTS test_disk_full ON {table}",
                 f"CREATE TRIGGER test_disk_full BEFORE INSERT OR UPDATE ON {table} "
@@ -158,7 +159,7 @@ class PostgresStore:
         await self._run(["UPDATE test_store_full SET is_full = false"])
 
     async def remove(self) -> None:
-        statements = [f"DROP TRIGGER IF EXISTS test_disk_full ON {t}" for t in FULL_TABLES]
+        statements = [f"DROP TRIGGER IF EXISTS test_disk_full ON {t}" for t in self.tables]
         await self._run(
             [
                 *statements,

@@ -33,6 +33,7 @@ from tests.console_support import (
     replica,
     start_replica,
 )
+from tests.full_store_support import PostgresStore
 from tests.relay_support import Clock
 from tests.support import free_port
 
@@ -444,8 +445,35 @@ async def test_a_database_that_cannot_be_reached_is_a_503_then_the_console_recov
     assert answers[1].headers["content-type"] == "application/problem+json"
     assert "cannot be reached" in answers[2].text
     assert [record.message for record in caplog.records if "database" in record.message] == [
-        "console: the database cannot be reached: OperationalError",
+        "console: the database cannot be reached: unable to open database file",
         "console: the database can be reached again",
+    ]
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_full_store_is_a_503_that_says_so_and_is_logged_once(
+    engine: AsyncEngine, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not "cannot be reached": the database answers, and refuses writes for want of room (a
+    trigger raises PostgreSQL's disk_full, as a full disk makes the server do)."""
+    full = PostgresStore(engine, ("console_sessions", "console_login_throttle"))
+    await full.install()
+    try:
+        async with replica(engine, clock).browser() as alice:
+            await full.fill()
+            with caplog.at_level(logging.INFO):
+                answers = [await alice.login(), await alice.login(password="wrong-password")]
+            await full.make_room()
+            await logged_in(alice)
+    finally:
+        await full.remove()
+    assert [answer.status_code for answer in answers] == [503, 503]
+    assert all("store is full" in answer.json()["detail"] for answer in answers)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith(("relay", "receivers"))]
+    assert [line for line in lines if "full" in line or "reached" in line] == [
+        "the store refuses the relay's writes: it is full "
+        "(could not extend file: No space left on device)"
     ]
     assert "Traceback" not in caplog.text
 
