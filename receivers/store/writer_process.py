@@ -79,6 +79,7 @@ from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
 from receivers.store.writable import StoreWritable
 
 log = logging.getLogger(__name__)
+WRITER_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s (event writer process): %(message)s"
 
 HEADER = struct.Struct("<I")
 EVENT, REJECTION = 0, 1
@@ -568,7 +569,8 @@ def main(argv: Sequence[str]) -> int:
         )
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl+C: it closes the socket
-    logging.basicConfig(format="%(levelname)s: event writer process: %(message)s")
+    # the server's text format (its JSON format is the server's own: not known here)
+    logging.basicConfig(format=WRITER_LOG_FORMAT)
     sock = socket.socket(fileno=os.dup(sys.stdin.fileno()))
     try:
         with asyncio.Runner(loop_factory=loop_factory(cast(LoopName, argv[2]))) as runner:
