@@ -28,7 +28,7 @@ from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
 from receivers.sources import Network, SourceConfig, check_not_everyone
 from relay.console.config import ConsoleConfig
 from relay.counts import Count
-from relay.destinations.config import DestinationConfig
+from relay.destinations.registry import DestinationConfig
 from relay.durations import Duration
 from relay.policies import Policy, PolicyConfigs, resolve_policies
 from relay.retention import platform_retry_window, shortest_retention

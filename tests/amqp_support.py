@@ -32,7 +32,7 @@ from aio_pika.abc import (
 from aiormq.exceptions import AMQPError
 
 from relay.destinations import Outbound, parse_destination_config
-from relay.destinations.broker_config import AmqpDestinationConfig
+from relay.destinations.amqp_config import AmqpDestinationConfig
 from scripts import broker_amqp
 from tests.conftest import service_missing
 

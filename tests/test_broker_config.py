@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from standardwebhooks.webhooks import Webhook
 
 from relay.destinations import Outbound, generate_secret, parse_destination_config
-from relay.destinations.broker_config import AmqpDestinationConfig
+from relay.destinations.amqp_config import AmqpDestinationConfig
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.templates import VALUE_LENGTH, NameTemplate
 from relay.settings import SettingsError, load_settings
@@ -149,7 +149,7 @@ def test_amqp_defaults_and_declare() -> None:
         ({**MQTT, "topic": "a/{"}, "not a valid template"),
         ({**MQTT, "secret": "not-a-secret"}, "whsec_"),
         ({**MQTT, "format": "xml"}, "format"),
-        ({"type": "kafka", "bootstrap_servers": "h:9092"}, "'kafka' found using 'type' does not"),
+        ({"type": "kafka", "bootstrap_servers": "h:9092"}, "type 'kafka' is not a destination"),
     ],
 )
 def test_bad_values_are_refused_naming_the_problem(table: dict[str, Any], expected: str) -> None:

@@ -30,7 +30,7 @@ from relay.destinations import (
     generate_secret,
 )
 from relay.destinations.amqp import AmqpDestination
-from relay.destinations.broker_config import AmqpDestinationConfig
+from relay.destinations.amqp_config import AmqpDestinationConfig
 from relay.destinations.templates import NameTemplate
 from relay.runtime import start
 from relay.settings import Settings

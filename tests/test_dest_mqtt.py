@@ -24,8 +24,8 @@ from standardwebhooks.webhooks import Webhook
 
 from relay import inspect
 from relay.destinations import parse_destination_config
-from relay.destinations.broker_config import MqttDestinationConfig
 from relay.destinations.mqtt import CLIENT_ID_PREFIX, MqttDestination
+from relay.destinations.mqtt_config import MqttDestinationConfig
 from relay.destinations.outbound import FORM_CONTENT_TYPE, envelope_bytes
 from relay.destinations.signing import generate_secret
 from relay.runtime import start

@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks.webhooks import Webhook
 
 from relay import inspect
-from relay.destinations.broker_config import NatsDestinationConfig
 from relay.destinations.errors import DestinationRefused
+from relay.destinations.nats_config import NatsDestinationConfig
 from relay.destinations.nats_jetstream import JETSTREAM_DISABLED, NatsDestination
 from relay.destinations.outbound import envelope_bytes
 from relay.destinations.outcome import Outcome

@@ -576,8 +576,12 @@ def _error(data: dict[str, Any]) -> str:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"type": "smtp", "url": "x"}, "does not match any of the expected tags"),
-        ({"url": "https://a.b/"}, "Unable to extract tag using discriminator 'type'"),
+        (
+            {"type": "smtp", "url": "x"},
+            "type 'smtp' is not a destination type (known: http, redis-stream, arq, amqp, nats, "
+            "mqtt)",
+        ),
+        ({"url": "https://a.b/"}, "type is missing: one of http, redis-stream, arq"),
         ({"type": "http", "url": "ftp://a.b/"}, "must be an http:// or https:// URL"),
         ({"type": "http", "url": "https:///path"}, "must name a host"),
         ({"type": "http", "url": "https://a.b/", "extra": 1}, "Extra inputs are not permitted"),

@@ -1,18 +1,14 @@
 """Destinations: where received events are relayed (HTTP, Redis streams, arq queues, and the
-brokers RabbitMQ, NATS JetStream and MQTT, whose modules are imported only when configured)."""
+brokers RabbitMQ, NATS JetStream and MQTT, whose clients are imported only when built). The
+types are listed in :mod:`relay.destinations.registry`."""
 
-from relay.destinations.arq_queue import ArqDestination
-from relay.destinations.base import Destination
-from relay.destinations.config import (
-    ArqDestinationConfig,
-    DestinationBase,
-    DestinationConfig,
-    HttpDestinationConfig,
-    RedisStreamDestinationConfig,
-    parse_destination_config,
-)
-from relay.destinations.factory import build_destination
-from relay.destinations.http import HttpDestination, new_http_client
+from relay.destinations.amqp_config import AmqpDestinationConfig
+from relay.destinations.arq_queue import ArqDestination, ArqDestinationConfig
+from relay.destinations.base import Destination, DestinationType
+from relay.destinations.base_config import DestinationBase
+from relay.destinations.http import HttpDestination, HttpDestinationConfig, new_http_client
+from relay.destinations.mqtt_config import MqttDestinationConfig
+from relay.destinations.nats_config import NatsDestinationConfig
 from relay.destinations.outbound import (
     BodyFormat,
     Outbound,
@@ -21,19 +17,31 @@ from relay.destinations.outbound import (
     render,
 )
 from relay.destinations.outcome import Outcome
-from relay.destinations.redis_stream import RedisStreamDestination
+from relay.destinations.redis_stream import RedisStreamDestination, RedisStreamDestinationConfig
+from relay.destinations.registry import (
+    TYPES,
+    DestinationConfig,
+    build_destination,
+    parse_destination_config,
+    type_names,
+)
 from relay.destinations.retry_after import parse_retry_after
 from relay.destinations.signing import Signer, generate_secret
 
 __all__ = [
+    "TYPES",
+    "AmqpDestinationConfig",
     "ArqDestination",
     "ArqDestinationConfig",
     "BodyFormat",
     "Destination",
     "DestinationBase",
     "DestinationConfig",
+    "DestinationType",
     "HttpDestination",
     "HttpDestinationConfig",
+    "MqttDestinationConfig",
+    "NatsDestinationConfig",
     "Outbound",
     "Outcome",
     "RedisStreamDestination",
@@ -47,4 +55,5 @@ __all__ = [
     "parse_destination_config",
     "parse_retry_after",
     "render",
+    "type_names",
 ]

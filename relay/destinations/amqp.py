@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
 from urllib.parse import unquote, urlsplit
 
 from aio_pika import Connection, DeliveryMode, ExchangeType, Message
@@ -40,21 +38,16 @@ from aio_pika.exceptions import (
 from pamqp.commands import Basic
 from yarl import URL
 
-from relay.destinations.broker_config import AmqpDeclare, AmqpDestinationConfig
+from relay.destinations.amqp_config import AmqpDeclare, AmqpDestinationConfig
+from relay.destinations.broker import BrokerDestination
 from relay.destinations.errors import (
     MAX_ERROR_LENGTH,
     describe_error,
     storable,
-    timeout_error,
     without_credentials,
 )
-from relay.destinations.message_headers import MessageHeaders
-from relay.destinations.outbound import Outbound, render
-from relay.destinations.outcome import Outcome
-from relay.destinations.templates import NameTemplate
-from relay.destinations.tls_files import TlsContext, TlsFiles
-
-log = logging.getLogger(__name__)
+from relay.destinations.outbound import Outbound
+from relay.destinations.tls_files import TlsFiles
 
 APP_ID = "callback-relay"
 SHORT_STRING_BYTES = 255
@@ -69,30 +62,34 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 """What a connection, a channel or a publish can raise for the broker's or the network's sake."""
 
 
-class AmqpDestination:
+class AmqpDestination(BrokerDestination[AbstractExchange, Message]):
     """Publishes events to ``config.exchange`` with a routing key per event."""
 
+    CLIENT = "AMQP"
+    CANCELLED_DOWN = False
+    ERRORS = BROKER_ERRORS
+    NOT_YET = "destination %r: cannot connect to %s yet (%s); deliveries will try again"
+
     def __init__(self, name: str, config: AmqpDestinationConfig) -> None:
-        self.name = name
+        super().__init__(
+            name,
+            config,
+            template=config.routing_key,
+            where=without_credentials(config.url),
+            tls=tls_files(URL(config.url)),
+        )
         self._url = config.url
         self._vhost = vhost_of(config.url)
         self._exchange_name = config.exchange
-        self._routing_key = NameTemplate(config.routing_key)
         self._declare = config.declare
-        self._format = config.format
-        self._headers = MessageHeaders([s.get_secret_value() for s in config.secret])
-        self._start_timeout = config.timeout_seconds
-        self._lock = asyncio.Lock()
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self._tls = TlsContext(tls_files(URL(config.url)))
 
-    def message_for(self, outbound: Outbound) -> Message:
-        """The message published for ``outbound``."""
-        body, content_type = render(outbound, self._format)
-        headers = self._headers.for_message(outbound, body, content_type)
+    def _message(
+        self, outbound: Outbound, body: bytes, content_type: str | None, headers: dict[str, str]
+    ) -> Message:
         return Message(
             body,
             headers=dict(headers),
@@ -103,52 +100,13 @@ class AmqpDestination:
             app_id=APP_ID,
         )
 
-    async def start(self) -> None:
-        """Load the TLS files of an ``amqps://`` URL (:func:`tls_files`; one that cannot be
-        used raises :class:`DestinationRefused`), then connect and declare, within the
-        destination's timeout. A broker that is down or refuses is not an error here (its
-        deliveries fail and wait under the policy): it is logged, without credentials, and the
-        first delivery tries again."""
-        self._tls.load()
-        try:
-            async with asyncio.timeout(self._start_timeout):
-                await self._ready()
-        except TimeoutError:
-            problem = timeout_error(self._start_timeout)
-        except BROKER_ERRORS as exc:
-            problem = self._describe(exc)
-        else:
-            return
-        log.warning(
-            "destination %r: cannot connect to %s yet (%s); deliveries will try again",
-            self.name,
-            without_credentials(self._url),
-            problem,
-        )
+    async def _send(
+        self, link: AbstractExchange, name: str, message: Message, deadline: float
+    ) -> None:
+        await link.publish(message, name, mandatory=True)
 
-    async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
-        """Publish once and wait for the broker's confirm; never raises for connection or
-        broker errors."""
-        started = time.perf_counter()
-        message = self.message_for(outbound)
-        routing_key = self._routing_key.render(outbound)
-        try:
-            async with asyncio.timeout(timeout):
-                exchange = await self._ready()
-                await exchange.publish(message, routing_key, mandatory=True)
-        except TimeoutError:
-            error, down = timeout_error(timeout), True
-        except BROKER_ERRORS as exc:
-            error, down = self._describe(exc), broker_down(exc)
-        except asyncio.CancelledError:
-            # a library future cancelled under us (not this task): a failed attempt
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            error, down = "cancelled by the AMQP client (connection closing?)", False
-        else:
-            return Outcome(ok=True, duration_ms=_since(started))
-        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
+    def _failure(self, exc: BaseException) -> tuple[str, bool]:
+        return self._describe(exc), broker_down(exc)
 
     async def aclose(self) -> None:
         """Close the connection (and wait for connections being closed in the background)."""
@@ -162,7 +120,7 @@ class AmqpDestination:
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
-    async def _ready(self) -> AbstractExchange:
+    async def _ready(self, timeout: float) -> AbstractExchange:
         """The exchange to publish to, on an open channel: reconnects (and declares) when the
         connection or the channel has closed since the last attempt."""
         async with self._lock:
@@ -322,10 +280,6 @@ def short_string(value: str | None) -> str | None:
 def vhost_of(url: str) -> str:
     """The virtual host an AMQP URL names (``/`` when its path is empty)."""
     return unquote(urlsplit(url).path[1:]) or "/"
-
-
-def _since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000
 
 
 def tls_files(url: URL) -> TlsFiles | None:

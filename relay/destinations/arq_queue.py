@@ -1,19 +1,50 @@
-"""arq destinations: enqueue a job per event, with the event id as job id."""
+"""arq destinations (``type = "arq"``): enqueue a job per event, with the event id as job id."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import time
+from typing import Any, Literal
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
+from pydantic import Field, field_validator
 from redis.exceptions import RedisError
 
-from relay.destinations.config import ArqDestinationConfig
-from relay.destinations.errors import describe_error, timeout_error
+from relay.destinations.base import DestinationType
+from relay.destinations.base_config import DestinationBase
+from relay.destinations.errors import describe_error, timeout_error, without_credentials
 from relay.destinations.outbound import Outbound, envelope
-from relay.destinations.outcome import Outcome
+from relay.destinations.outcome import Outcome, elapsed_ms
 from relay.destinations.redis_errors import redis_down
+from relay.destinations.redis_stream import redis_url
+
+
+class ArqDestinationConfig(DestinationBase):
+    """Enqueue an arq job ``function(envelope)`` with the event id as job id (deduplicated).
+
+    arq job ids share one namespace per Redis database across queues: when two arq
+    destinations share a database, give them different ``job_id_prefix`` values.
+    """
+
+    type: Literal["arq"]
+    url: str
+    function: str = Field(min_length=1)
+    queue_name: str = Field(default="arq:queue", min_length=1)
+    job_id_prefix: str = ""
+
+    def target(self) -> str:
+        return f"{without_credentials(self.url)} queue {self.queue_name}"
+
+    @field_validator("url")
+    @classmethod
+    def _arq_url(cls, value: str) -> str:
+        redis_url(value)
+        try:
+            RedisSettings.from_dsn(value)
+        except (RuntimeError, ValueError):
+            raise ValueError("url is not a valid Redis URL for arq") from None
+        return value
 
 
 class ArqDestination:
@@ -66,8 +97,8 @@ class ArqDestination:
         except (RedisError, OSError) as exc:
             error, down = describe_error(exc), redis_down(exc)
         else:
-            return Outcome(ok=True, duration_ms=_since(started))
-        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
+            return Outcome(ok=True, duration_ms=elapsed_ms(started))
+        return Outcome(ok=False, error=error, duration_ms=elapsed_ms(started), down=down)
 
     async def aclose(self) -> None:
         """Close the pool if this destination made it."""
@@ -76,5 +107,8 @@ class ArqDestination:
             self._pool = None
 
 
-def _since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000
+def _build(name: str, config: ArqDestinationConfig, http_client: Any) -> ArqDestination:
+    return ArqDestination(name, config)
+
+
+TYPE = DestinationType("arq", ArqDestinationConfig, _build)

@@ -1,20 +1,23 @@
-"""HTTP destinations: POST each event, signed the Standard Webhooks way."""
+"""HTTP destinations (``type = "http"``): POST each event, signed the Standard Webhooks way."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+from pydantic import Field, field_validator
 
-from relay.destinations.config import HttpDestinationConfig
-from relay.destinations.errors import describe_error, timeout_error
-from relay.destinations.outbound import Outbound, render
-from relay.destinations.outcome import EXCERPT_BYTES, Outcome, excerpt
+from relay.destinations.base import DestinationType
+from relay.destinations.base_config import DestinationBase, Secrets
+from relay.destinations.errors import describe_error, timeout_error, without_credentials
+from relay.destinations.outbound import BodyFormat, Outbound, render
+from relay.destinations.outcome import EXCERPT_BYTES, Outcome, elapsed_ms, excerpt
 from relay.destinations.retry_after import parse_retry_after
 from relay.destinations.shards import ShardedTransport
 from relay.destinations.signing import Signer
@@ -26,6 +29,58 @@ DOWN_STATUSES = frozenset({429, 502, 503, 504})
 without its upstream, unavailable, a gateway's timeout): the breaker counts them. Any other
 non-2xx (a 500, a 4xx) may be answered to one message while others succeed: it is that
 message's failure (see :attr:`Outcome.down`)."""
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+RESERVED_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "host",
+        "connection",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+)
+
+
+class HttpDestinationConfig(DestinationBase):
+    """POST to a URL, signed the Standard Webhooks way when secrets are configured."""
+
+    type: Literal["http"]
+    url: str
+    format: BodyFormat = "envelope"
+    secret: Secrets = Field(default_factory=list)
+    """``whsec_...`` secrets; with several, each request carries one signature per secret."""
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    def target(self) -> str:
+        return without_credentials(self.url)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL:
+            raise ValueError("url is not a valid URL") from None
+        if url.scheme not in ("http", "https"):
+            raise ValueError(f"url must be an http:// or https:// URL (not {url.scheme}://)")
+        if not url.host:
+            raise ValueError("url must name a host")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not HEADER_NAME.fullmatch(name):
+                raise ValueError(f"header name {name!r} is not a valid HTTP header name")
+            if name.lower() in RESERVED_HEADERS:
+                raise ValueError(f"header {name!r} is set by the relay and cannot be configured")
+            if not text.isascii() or any(char in text for char in "\r\n\0"):
+                raise ValueError(f"header {name!r}: the value must be ASCII on one line")
+        return value
 
 
 def new_http_client(
@@ -125,9 +180,6 @@ class HttpDestination:
         headers = self.headers_for(outbound, body, content_type)
         deadline = asyncio.get_running_loop().time() + timeout
 
-        def elapsed() -> float:
-            return (time.perf_counter() - started) * 1000
-
         response: httpx.Response | None = None
         head = b""
         try:
@@ -140,7 +192,10 @@ class HttpDestination:
         except (TimeoutError, httpx.TimeoutException):
             if response is None:
                 return Outcome(
-                    ok=False, error=timeout_error(timeout), duration_ms=elapsed(), down=True
+                    ok=False,
+                    error=timeout_error(timeout),
+                    duration_ms=elapsed_ms(started),
+                    down=True,
                 )
             # the status came in time; the excerpt is a courtesy
         except (httpx.HTTPError, OSError) as exc:
@@ -148,7 +203,7 @@ class HttpDestination:
                 return Outcome(
                     ok=False,
                     error=describe_error(exc),
-                    duration_ms=elapsed(),
+                    duration_ms=elapsed_ms(started),
                     # no answer: down, unless the request was ours to blame
                     down=not isinstance(exc, httpx.LocalProtocolError),
                 )
@@ -157,7 +212,7 @@ class HttpDestination:
                 with contextlib.suppress(httpx.HTTPError, OSError):
                     await response.aclose()
         assert response is not None  # every way without an answer returned above
-        return judge(response, head, elapsed())
+        return judge(response, head, elapsed_ms(started))
 
     async def aclose(self) -> None:
         """Close the client if this destination made it."""
@@ -212,3 +267,12 @@ def judge(response: httpx.Response, head: bytes, duration_ms: float) -> Outcome:
         duration_ms=duration_ms,
         down=status in DOWN_STATUSES,
     )
+
+
+def _build(
+    name: str, config: HttpDestinationConfig, http_client: httpx.AsyncClient | None
+) -> HttpDestination:
+    return HttpDestination(name, config, client=http_client)
+
+
+TYPE = DestinationType("http", HttpDestinationConfig, _build)

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import secrets
 import ssl
-import time
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -39,19 +37,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from relay.destinations.broker_config import MqttDestinationConfig
-from relay.destinations.errors import (
-    describe_error,
-    timeout_error,
-    without_credentials,
-)
-from relay.destinations.message_headers import MessageHeaders
-from relay.destinations.outbound import Outbound, render
-from relay.destinations.outcome import Outcome
-from relay.destinations.templates import NameTemplate
-from relay.destinations.tls_files import TlsContext
-
-log = logging.getLogger(__name__)
+from relay.destinations.broker import BrokerDestination, Undelivered
+from relay.destinations.errors import describe_error, without_credentials
+from relay.destinations.mqtt_config import MqttDestinationConfig
+from relay.destinations.outbound import Outbound
 
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 CLIENT_ID_PREFIX = "callback-relay-"
@@ -67,16 +56,6 @@ MESSAGE_DISCONNECTS = frozenset({0x81, 0x82, 0x87, 0x90, 0x95, 0x99, 0x9A, 0x9B}
 """DISCONNECT reason codes a broker may send over one PUBLISH (malformed, a protocol error,
 not authorized, a topic name or payload it refuses, too large, retain or QoS it does not
 support): the attempts that fail with that connection are not counted as the broker's downs."""
-
-
-class MqttError(Exception):
-    """A connection or a publish that failed at the MQTT level; its text holds no secret.
-    ``down``: whether it says the broker cannot take any message now (see
-    :attr:`Outcome.down`)."""
-
-    def __init__(self, reason: str, *, down: bool = True) -> None:
-        super().__init__(reason)
-        self.down = down
 
 
 @dataclass(frozen=True)
@@ -116,7 +95,7 @@ class MqttConnection:
     """One MQTT 5 connection (clean start, no session kept), driven by the running loop.
 
     ``lost`` says why the connection ended (None while it is usable). When it ends, every
-    publish still waiting for its acknowledgement fails with :class:`MqttError`.
+    publish still waiting for its acknowledgement fails with :class:`Undelivered`.
     """
 
     def __init__(self, client: mqtt.Client, loop: asyncio.AbstractEventLoop) -> None:
@@ -128,7 +107,7 @@ class MqttConnection:
         self._misc: asyncio.Task[None] | None = None
         self.lost: str | None = None
         self._lost_down = True
-        """Whether the end of the connection says the broker is down (see MqttError)."""
+        """Whether the end of the connection says the broker is down (see Undelivered)."""
 
     @classmethod
     async def open(
@@ -140,7 +119,7 @@ class MqttConnection:
         tls: ssl.SSLContext | None = None,
     ) -> MqttConnection:
         """Connect (over TLS with ``tls``, an ``mqtts://`` endpoint's context: the system's
-        CAs by default) and wait for the broker's CONNACK; raises MqttError or OSError."""
+        CAs by default) and wait for the broker's CONNACK; raises Undelivered or OSError."""
         loop = asyncio.get_running_loop()
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
@@ -180,10 +159,10 @@ class MqttConnection:
     ) -> ReasonCode:
         """Publish and wait for the PUBACK (QoS 1) or PUBCOMP (QoS 2); its reason code."""
         if self.lost is not None:
-            raise MqttError(self.lost, down=self._lost_down)
+            raise Undelivered(self.lost, down=self._lost_down)
         info = self._client.publish(topic, payload, qos, retain=False, properties=properties)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
-            raise MqttError(
+            raise Undelivered(
                 f"publish failed: {mqtt.error_string(info.rc)}",
                 down=info.rc != mqtt.MQTT_ERR_PAYLOAD_SIZE,
             )
@@ -224,7 +203,7 @@ class MqttConnection:
         client.on_socket_unregister_write = self._on_unregister_write
         sock = client.socket()
         if sock is None:
-            raise MqttError("connection closed before CONNACK")
+            raise Undelivered("connection closed before CONNACK")
         self._fd = sock.fileno()
         self._loop.add_reader(self._fd, self._readable)
         if client.want_write():
@@ -267,7 +246,7 @@ class MqttConnection:
         """The connection is over: fail whatever waits on it."""
         if self.lost is None:
             self.lost, self._lost_down = why, down
-        error = MqttError(self.lost, down=self._lost_down)
+        error = Undelivered(self.lost, down=self._lost_down)
         if not self._connack.done():
             self._connack.set_exception(error)
         for acked in self._pending.values():
@@ -295,7 +274,7 @@ class MqttConnection:
             return
         if reason_code.is_failure:
             self._connack.set_exception(
-                MqttError(f"the broker refused the connection: {reason_code.getName()}")
+                Undelivered(f"the broker refused the connection: {reason_code.getName()}")
             )
         else:
             self._connack.set_result(None)
@@ -350,7 +329,7 @@ def _drop_late_connect(client: mqtt.Client, connecting: asyncio.Future[object]) 
         sock.close()
 
 
-class MqttDestination:
+class MqttDestination(BrokerDestination[MqttConnection, tuple[bytes, Properties]]):
     """Publishes each event to the topic its template names, over one connection shared by
     concurrent deliveries, opened at the first need and opened again after it was lost.
 
@@ -359,18 +338,21 @@ class MqttDestination:
     connections with the same id).
     """
 
+    CLIENT = "MQTT"
+    ERRORS = (OSError, ValueError)  # paho's ValueError: a topic or payload it will not send
+    NOT_YET = "destination %s: MQTT broker %s not reachable at start (%s); deliveries will retry"
+
     def __init__(self, name: str, config: MqttDestinationConfig) -> None:
-        self.name = name
-        self._url = config.url
+        super().__init__(
+            name,
+            config,
+            template=config.topic,
+            where=without_credentials(config.url),
+            tls=config.tls_files(),
+        )
         self._endpoint = Endpoint.from_url(config.url)
-        self._tls = TlsContext(config.tls_files())
-        self._topic = NameTemplate(config.topic)
         self._qos = config.qos
-        self._format = config.format
-        self._headers = MessageHeaders([s.get_secret_value() for s in config.secret])
         self._client_id = config.client_id_prefix + secrets.token_hex(8)
-        self._start_timeout = config.timeout_seconds
-        self._lock = asyncio.Lock()
         self._connection: MqttConnection | None = None
 
     @property
@@ -378,63 +360,37 @@ class MqttDestination:
         """The MQTT client id this destination connects with."""
         return self._client_id
 
-    def topic_for(self, outbound: Outbound) -> str:
-        """The topic an event is published to."""
-        return self._topic.render(outbound)
+    def _message(
+        self, outbound: Outbound, body: bytes, content_type: str | None, headers: dict[str, str]
+    ) -> tuple[bytes, Properties]:
+        return body, publish_properties(headers)
 
-    async def start(self) -> None:
-        """Load the TLS files (one that cannot be used raises :class:`DestinationRefused`
-        naming it), then connect ahead of the first delivery; a broker that cannot be reached
-        is logged (without credentials) and left to the deliveries' retries."""
-        self._tls.load()  # DestinationRefused: the worker stops
+    async def _check(self) -> None:
         if self._qos == 2:
-            log.warning(
+            self._log.warning(
                 "destination %s: with qos 2 a publish the broker refuses (an ACL) counts as "
                 "delivered (paho-mqtt ignores a PUBREC's reason code); qos 1 reports it",
                 self.name,
             )
-        try:
-            async with asyncio.timeout(self._start_timeout):
-                await self._connected(self._start_timeout)
-        except TimeoutError:
-            problem = timeout_error(self._start_timeout)
-        except MqttError as exc:
-            problem = str(exc)
-        except (OSError, ValueError) as exc:
-            problem = describe_error(exc)
-        else:
-            return
-        log.warning(
-            "destination %s: MQTT broker %s not reachable at start (%s); deliveries will retry",
-            self.name,
-            without_credentials(self._url),
-            problem,
-        )
+        await self._ready(self._start_timeout)
 
-    async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
-        """Publish once and wait for the broker's acknowledgement; never raises for
-        connection or broker errors."""
-        started = time.perf_counter()
-        body, content_type = render(outbound, self._format)
-        properties = publish_properties(self._headers.for_message(outbound, body, content_type))
-        topic = self.topic_for(outbound)
-        try:
-            async with asyncio.timeout(timeout):
-                connection = await self._connected(timeout)
-                reason = await connection.publish(topic, body, self._qos, properties)
-        except TimeoutError:
-            error, down = timeout_error(timeout), True
-        except MqttError as exc:  # this module's own words, without secrets
-            error, down = str(exc), exc.down
-        except (OSError, ValueError) as exc:
-            # paho's ValueError: a topic or payload it will not send, this message's own
-            error, down = describe_error(exc), isinstance(exc, OSError)
-        else:
-            if not reason.is_failure:
-                return Outcome(ok=True, duration_ms=_since(started))
-            error = f"the broker refused the message: {reason.getName()} (0x{reason.value:02x})"
-            down = reason.value == QUOTA_EXCEEDED  # out of room; other refusals are this message's
-        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
+    async def _send(
+        self,
+        link: MqttConnection,
+        name: str,
+        message: tuple[bytes, Properties],
+        deadline: float,
+    ) -> None:
+        body, properties = message
+        reason = await link.publish(name, body, self._qos, properties)
+        if reason.is_failure:
+            raise Undelivered(
+                f"the broker refused the message: {reason.getName()} (0x{reason.value:02x})",
+                down=reason.value == QUOTA_EXCEEDED,  # out of room; other refusals: the message's
+            )
+
+    def _failure(self, exc: BaseException) -> tuple[str, bool]:
+        return describe_error(exc), isinstance(exc, OSError)
 
     async def aclose(self) -> None:
         """Disconnect."""
@@ -443,7 +399,7 @@ class MqttDestination:
                 self._connection.close()
                 self._connection = None
 
-    async def _connected(self, timeout: float) -> MqttConnection:
+    async def _ready(self, timeout: float) -> MqttConnection:
         """The live connection, opened (again) when there is none."""
         async with self._lock:
             if self._connection is not None and self._connection.lost is None:
@@ -455,10 +411,6 @@ class MqttDestination:
                 self._endpoint,
                 self._client_id,
                 connect_timeout=timeout,
-                tls=self._tls.for_connection(MqttError),
+                tls=self._tls.for_connection(Undelivered),
             )
             return self._connection
-
-
-def _since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000

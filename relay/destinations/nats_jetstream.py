@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import logging
 import ssl
-import time
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client
@@ -42,23 +41,20 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
-from relay.destinations.broker_config import NatsDestinationConfig, shown_servers
+from relay.destinations.broker import BrokerDestination, Undelivered
 from relay.destinations.errors import (
     DestinationRefused,
     describe_error,
     storable,
     timeout_error,
 )
-from relay.destinations.message_headers import MessageHeaders
+from relay.destinations.nats_config import NatsDestinationConfig, shown_servers
 from relay.destinations.nats_connect import (
     ConnectOptions,
     TlsGuard,
     TlsRefused,
 )
-from relay.destinations.outbound import Outbound, render
-from relay.destinations.outcome import Outcome
-from relay.destinations.templates import NameTemplate
-from relay.destinations.tls_files import TlsContext
+from relay.destinations.outbound import Outbound
 
 log = logging.getLogger(__name__)
 
@@ -100,112 +96,60 @@ MESSAGE_ERRORS = (MaxPayloadError, BadSubjectError, BadHeaderError)
 """What nats-py refuses to send for the message's sake (its size, its subject, its headers)."""
 
 
-class NotDelivered(Exception):
-    """An attempt that cannot succeed now; its text is the attempt's error. ``down``: whether
-    it says the server cannot take any message now (no connection, no JetStream, no room), not
-    only this one (see :attr:`Outcome.down`)."""
-
-    def __init__(self, reason: str, *, down: bool = True) -> None:
-        super().__init__(reason)
-        self.down = down
-
-
-class NatsDestination:
+class NatsDestination(BrokerDestination["_Link", tuple[bytes, dict[str, str]]]):
     """Publishes events to JetStream on a subject built per event."""
 
+    CLIENT = "NATS"
+    ERRORS = (NatsError, OSError)
+    NOT_YET = "destination %r: cannot use the NATS server at %s yet (%s); deliveries will try again"
+
     def __init__(self, name: str, config: NatsDestinationConfig) -> None:
-        self.name = name
+        super().__init__(
+            name,
+            config,
+            template=config.subject,
+            where=shown_servers(config.url),
+            tls=config.tls_files(),
+        )
         self._url = config.url
-        self._tls = TlsContext(config.tls_files())
-        self._where = shown_servers(config.url)
-        self._subject = NameTemplate(config.subject)
-        self._format = config.format
-        self._headers = MessageHeaders([s.get_secret_value() for s in config.secret])
-        self._start_timeout = config.timeout_seconds
-        self._lock = asyncio.Lock()
         self._link: _Link | None = None
 
-    def subject_for(self, outbound: Outbound) -> str:
-        """The subject ``outbound`` is published to."""
-        return self._subject.render(outbound)
-
-    def headers_for(
-        self, outbound: Outbound, body: bytes, content_type: str | None
-    ) -> dict[str, str]:
-        """The message's headers: the relay's own plus ``Nats-Msg-Id``, the destination's name
-        and the event id (:func:`msg_id`)."""
-        headers = self._headers.for_message(outbound, body, content_type)
+    def _message(
+        self, outbound: Outbound, body: bytes, content_type: str | None, headers: dict[str, str]
+    ) -> tuple[bytes, dict[str, str]]:
+        """The body, and the relay's headers plus ``Nats-Msg-Id`` (:func:`msg_id`)."""
         headers[MSG_ID_HEADER] = msg_id(self.name, outbound.event_id)
-        return headers
+        return body, headers
 
-    async def start(self) -> None:
-        """Connect and ask JetStream for the account's information, within the destination's
-        timeout. A server without JetStream raises :class:`DestinationRefused`; a server that
-        is down (or slow) is only logged, without credentials: nats-py keeps trying, and the
-        deliveries fail and wait under the policy meanwhile. TLS files that cannot be used
-        raise :class:`DestinationRefused` naming them."""
-        self._tls.load()
+    async def _check(self) -> None:
+        """Connect and ask JetStream for the account's information. A server without
+        JetStream raises :class:`DestinationRefused`; one that is not connected yet is logged
+        by the connection itself (nats-py keeps trying)."""
         try:
-            async with asyncio.timeout(self._start_timeout):
-                link = await self._ready()
-                await link.jetstream().account_info()
+            link = await self._ready(self._start_timeout)
+        except Undelivered:
+            return  # the connection's own error is logged already
+        try:
+            await link.jetstream().account_info()
         except ServiceUnavailableError as exc:
-            if not jetstream_disabled(exc):
-                problem = describe(exc)
-            else:
-                await self.aclose()
+            if jetstream_disabled(exc):
                 raise DestinationRefused(
                     f"the NATS server at {self._where} has JetStream disabled: core NATS gives "
                     "no acknowledgement, so the relay could not know a message was kept; "
                     "enable JetStream (nats-server -js) and create a stream capturing the "
                     "destination's subjects"
                 ) from None
-        except TimeoutError:
-            problem = timeout_error(self._start_timeout)
-        except NotDelivered:
-            return  # the connection's own error is logged already
-        except (NatsError, OSError) as exc:
-            problem = describe(exc)
-        else:
-            return
-        log.warning(
-            "destination %r: cannot use the NATS server at %s yet (%s); deliveries will try again",
-            self.name,
-            self._where,
-            problem,
-        )
+            raise
 
-    async def deliver(self, outbound: Outbound, *, timeout: float) -> Outcome:
-        """Publish once through JetStream and wait for the stream's ack (for what is left of
-        ``timeout``); never raises for connection or server errors."""
-        started = time.perf_counter()
-        body, content_type = render(outbound, self._format)
-        headers = self.headers_for(outbound, body, content_type)
-        subject = self.subject_for(outbound)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        try:
-            async with asyncio.timeout_at(deadline):
-                link = await self._ready()
-                await self._publish(link, subject, body, headers, deadline - loop.time())
-        except TimeoutError:  # nats-py's request timeout is one too
-            error, down = timeout_error(timeout), True
-            if self._link is not None and self._link.in_handshake():
-                error = f"{error}: {HANDSHAKE_STALLED}"  # nats-py's own timeout is later
-        except NotDelivered as exc:
-            error, down = str(exc), exc.down
-        except (NatsError, OSError) as exc:
-            # what nats-py refuses to send (too large, a bad subject or header) is this message's
-            error, down = describe(exc), not isinstance(exc, MESSAGE_ERRORS)
-        except asyncio.CancelledError:
-            # a library future cancelled under us (not this task): a failed attempt
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            error, down = "cancelled by the NATS client (connection closing?)", True
-        else:
-            return Outcome(ok=True, duration_ms=_since(started))
-        return Outcome(ok=False, error=error, duration_ms=_since(started), down=down)
+    def _failure(self, exc: BaseException) -> tuple[str, bool]:
+        # what nats-py refuses to send (too large, a bad subject or header) is this message's
+        return describe(exc), not isinstance(exc, MESSAGE_ERRORS)
+
+    def _timeout_error(self, timeout: float) -> str:
+        error = timeout_error(timeout)  # nats-py's request timeout is one too
+        if self._link is not None and self._link.in_handshake():
+            error = f"{error}: {HANDSHAKE_STALLED}"  # nats-py's own timeout is later
+        return error
 
     async def aclose(self) -> None:
         """Close the connection (and stop nats-py's connection attempts)."""
@@ -214,8 +158,8 @@ class NatsDestination:
         if link is not None:
             await link.close()
 
-    async def _ready(self) -> _Link:
-        """The connected link; :class:`NotDelivered` with the reason while it is not
+    async def _ready(self, timeout: float) -> _Link:
+        """The connected link; :class:`Undelivered` with the reason while it is not
         connected. The first connection's first answer is waited for (the caller's timeout
         bounds it); after that, a link that is not connected fails at once, nats-py retrying in
         the background. A client nats-py closed for good (it does after an authorization
@@ -224,30 +168,27 @@ class NatsDestination:
             if self._link is None or self._link.dead:
                 if self._link is not None:
                     await self._link.close()  # before the next link's guard takes the context
-                tls = self._tls.for_connection(NotDelivered)  # the same context for each link
+                tls = self._tls.for_connection(Undelivered)  # the same context for each link
                 self._link = _Link(self.name, self._url, self._where, tls)
             link = self._link
         if not link.client.is_connected:
             await link.answered.wait()
         if not link.client.is_connected:
-            raise NotDelivered(link.problem or NOT_CONNECTED)
+            raise Undelivered(link.problem or NOT_CONNECTED)
         return link
 
-    async def _publish(
-        self,
-        link: _Link,
-        subject: str,
-        body: bytes,
-        headers: dict[str, str],
-        remaining: float,
+    async def _send(
+        self, link: _Link, name: str, message: tuple[bytes, dict[str, str]], deadline: float
     ) -> None:
-        """One JetStream publish waiting ``remaining`` seconds for its ack, or until its
+        """One JetStream publish waiting until ``deadline`` for its ack, or until its
         connection is lost (nats-py would let it wait for an answer that cannot come); what
-        failed is raised (:class:`NotDelivered` for what nats-py's errors say badly)."""
+        failed is raised (:class:`Undelivered` for what nats-py's errors say badly)."""
+        body, headers = message
         js = link.jetstream()
         lost = link.lost
+        remaining = deadline - asyncio.get_running_loop().time()
         publishing = asyncio.ensure_future(
-            js.publish(subject, body, timeout=max(remaining, 0.001), headers=headers)
+            js.publish(name, body, timeout=max(remaining, 0.001), headers=headers)
         )
         try:
             await asyncio.wait((publishing, lost), return_when=asyncio.FIRST_COMPLETED)
@@ -256,19 +197,19 @@ class NatsDestination:
                 publishing.cancel()
                 await asyncio.gather(publishing, return_exceptions=True)
         if publishing.cancelled():
-            raise NotDelivered(CONNECTION_LOST)
+            raise Undelivered(CONNECTION_LOST)
         try:
             publishing.result()
         except NoStreamResponseError:
             # no responder: no stream captures the subject, or no JetStream at all
-            raise await self._no_stream(js, subject) from None
+            raise await self._no_stream(js, name) from None
         except OutboundBufferLimitError:
             # nats-py refuses to buffer while it reconnects (pending_size=0)
-            raise NotDelivered(link.problem or NOT_CONNECTED) from None
+            raise Undelivered(link.problem or NOT_CONNECTED) from None
         except APIError as exc:
-            raise NotDelivered(jetstream_refusal(exc), down=jetstream_full(exc)) from None
+            raise Undelivered(jetstream_refusal(exc), down=jetstream_full(exc)) from None
 
-    async def _no_stream(self, js: JetStreamContext, subject: str) -> NotDelivered:
+    async def _no_stream(self, js: JetStreamContext, subject: str) -> Undelivered:
         """Why a publish to ``subject`` had no responder: JetStream answers the account
         information request only where it is enabled. A subject no stream captures is this
         message's failure (subjects are built per event); no JetStream at all fails every
@@ -277,10 +218,10 @@ class NatsDestination:
             await js.account_info()
         except ServiceUnavailableError as exc:
             if jetstream_disabled(exc):
-                return NotDelivered(JETSTREAM_DISABLED)
+                return Undelivered(JETSTREAM_DISABLED)
         except NatsError:
             pass  # the account request failed too: the publish's own answer stands
-        return NotDelivered(f"no JetStream stream captures subject {subject!r}", down=False)
+        return Undelivered(f"no JetStream stream captures subject {subject!r}", down=False)
 
 
 def msg_id(destination: str, event_id: str) -> str:
@@ -442,7 +383,3 @@ def jetstream_refusal(exc: APIError) -> str:
     words."""
     code = f" (error {exc.err_code})" if exc.err_code else ""
     return storable(f"JetStream refused the message: {exc.description or exc.code}{code}")
-
-
-def _since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -41,3 +42,9 @@ def excerpt(data: bytes) -> str | None:
     if not data:
         return None
     return data[:EXCERPT_BYTES].decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+
+
+def elapsed_ms(started: float) -> float:
+    """Milliseconds since ``started`` (a ``time.perf_counter()`` reading): an attempt's
+    ``duration_ms``."""
+    return (time.perf_counter() - started) * 1000
