@@ -110,16 +110,20 @@ async def test_a_migration_waits_for_a_write_lock_held_elsewhere(
 async def test_a_migration_that_never_gets_the_write_lock_is_one_line(
     tmp_path: Path, short_busy_timeout: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(migrate, "SQLITE_LOCK_TRIES", 3)
     path = tmp_path / "busy.db"
     holder = _hold_write_lock(path)
     engine = create_engine(f"sqlite:///{path}")
     try:
-        with pytest.raises(SettingsError, match=r"write lock stayed taken for 0\.3"):
+        with (
+            monkeypatch.context() as three_tries,
+            pytest.raises(SettingsError, match=r"write lock stayed taken for 0\.3"),
+        ):
+            three_tries.setattr(migrate, "SQLITE_LOCK_TRIES", 3)
             await migrate.upgrade(engine)
     finally:
         holder.close()
         await engine.dispose()
+    # then, as processes that start together: they take turns (with the usual patience)
     assert await _migrate_together(f"sqlite:///{path}") == [migrate.head_revision()] * TOGETHER
 
 
