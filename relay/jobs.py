@@ -58,8 +58,9 @@ async def open_pool(redis_url: str) -> ArqRedis:
 
 
 class JobQueue:
-    """Enqueues deliver jobs on the relay queue (real Redis, or fakeredis when embedded), and
-    reports a lost Redis to ``connection`` (the process's; one of its own by default)."""
+    """The scaled mode's dispatcher (:mod:`relay.dispatch`): deliver jobs on the relay queue's
+    Redis, for `relay worker` to run; reports a lost Redis to ``connection`` (the process's;
+    one of its own by default)."""
 
     def __init__(
         self,
@@ -70,7 +71,7 @@ class JobQueue:
     ) -> None:
         self.pool = pool
         self.on_enqueue = on_enqueue
-        """Called after new jobs were enqueued (the embedded worker's wake-up)."""
+        """Called after new jobs were enqueued."""
         self.connection = connection if connection is not None else QueueConnection(pool)
         self._clock = clock
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
