@@ -65,13 +65,10 @@ class JobQueue:
     def __init__(
         self,
         pool: ArqRedis,
-        on_enqueue: Callable[[], None] | None = None,
         clock: Callable[[], datetime] = utc_now,
         connection: QueueConnection | None = None,
     ) -> None:
         self.pool = pool
-        self.on_enqueue = on_enqueue
-        """Called after new jobs were enqueued."""
         self.connection = connection if connection is not None else QueueConnection(pool)
         self._clock = clock
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
@@ -109,10 +106,7 @@ class JobQueue:
                 raise error
         if errors:
             self.connection.lost(errors[0])
-        enqueued = sum(r is True for r in results)
-        if enqueued and self.on_enqueue is not None:
-            self.on_enqueue()
-        return enqueued
+        return sum(r is True for r in results)
 
     async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
         """The deliveries whose job is neither queued nor running, as single jobs to enqueue (a

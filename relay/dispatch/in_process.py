@@ -119,6 +119,7 @@ class InProcessDispatcher:
         ones finish for up to ``grace`` seconds, then cancel those left (their deliveries keep
         their lease and are attempted again once it ends)."""
         self._closed = True
+        self._held.difference_update(job.job_id for job in self._heap)
         self._heap.clear()
         loop, self._loop = self._loop, None
         if loop is not None:
