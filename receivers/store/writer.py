@@ -47,8 +47,10 @@ CALLBACKS = "callbacks"
 """What the writer's :class:`StoreWritable` calls its writes in the log."""
 HOOK_BATCH = 4096
 """A hook call is made at once when this many events wait for it."""
-HOOK_DELAY_SECONDS = 0.05
-"""How long the oldest event waits for the hook while the writer is quiet."""
+HOOK_DELAY_SECONDS = 0.0
+"""How long the oldest event waits for the hook while the writer is quiet: not at all. The hook
+runs one call at a time, so the events committed while a call runs go together in the next one;
+a wait here would only add to every event's way out (the relay's lag)."""
 HOOK_BUSY_EVENTS = 256
 HOOK_INTERVAL_SECONDS = 0.2
 """After a call of ``HOOK_BUSY_EVENTS`` or more, the next one begins no sooner than this after
