@@ -72,19 +72,17 @@ async def open_pool(redis_url: str) -> ArqRedis:
 
 
 class JobQueue:
-    """Enqueues deliver jobs on the relay queue (real Redis, or fakeredis when embedded), and
-    reports a lost Redis to ``connection`` (the process's; one of its own by default)."""
+    """The scaled mode's dispatcher (:mod:`relay.dispatch`): deliver jobs on the relay queue's
+    Redis, for `relay worker` to run; reports a lost Redis to ``connection`` (the process's;
+    one of its own by default)."""
 
     def __init__(
         self,
         pool: ArqRedis,
-        on_enqueue: Callable[[], None] | None = None,
         clock: Callable[[], datetime] = utc_now,
         connection: QueueConnection | None = None,
     ) -> None:
         self.pool = pool
-        self.on_enqueue = on_enqueue
-        """Called after new jobs were enqueued (the embedded worker's wake-up)."""
         self.connection = connection if connection is not None else QueueConnection(pool)
         self._clock = clock
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
@@ -122,10 +120,7 @@ class JobQueue:
                 raise error
         if errors:
             self.connection.lost(errors[0])
-        enqueued = sum(r is True for r in results)
-        if enqueued and self.on_enqueue is not None:
-            self.on_enqueue()
-        return enqueued
+        return sum(r is True for r in results)
 
     async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
         """The deliveries whose job is neither queued nor running, as single jobs to enqueue (a

@@ -1,4 +1,4 @@
-"""Wiring: settings -> database -> receivers app + relay (embedded worker or real Redis)."""
+"""Wiring: settings -> database -> receivers app + relay (embedded in process, or real Redis)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-import fakeredis
 import httpx
-from arq.connections import ArqRedis
 from arq.worker import Worker
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DBAPIError
@@ -32,6 +30,7 @@ from relay.destinations.errors import (
     describe_database_error,
     describe_error,
 )
+from relay.dispatch import Dispatcher
 from relay.jobs import JobQueue, open_pool
 from relay.metrics import (
     EXPOSITION_MAX_AGE_SECONDS,
@@ -43,7 +42,7 @@ from relay.outbox import RELAY_WRITES, Due
 from relay.queue_connection import QueueConnection, queue_lost
 from relay.services import RoutingHook, router_for
 from relay.settings import Settings, SettingsError
-from relay.worker import EmbeddedWorker, build_worker
+from relay.worker import build_worker, embedded_relay
 
 
 @dataclass
@@ -137,12 +136,12 @@ async def relay_queue(
     *,
     registry: CollectorRegistry | None = None,
     writable: StoreWritable | None = None,
-) -> AsyncIterator[JobQueue]:
-    """The relay queue: real Redis (workers run elsewhere), or embedded fakeredis with the
-    worker running in this event loop, recording in ``registry`` (the server's) and telling
-    ``writable`` (the server's state of the relay's writes) how its writes went. Its
-    connection's state is ``relay_queue_connected`` in ``registry``; a lost Redis is waited out
-    (:mod:`relay.queue_connection`)."""
+) -> AsyncIterator[Dispatcher]:
+    """The relay's dispatcher: arq jobs on real Redis (workers run elsewhere), or, embedded,
+    an in-process dispatcher with the worker's services in this event loop, recording in
+    ``registry`` (the server's) and telling ``writable`` (the server's state of the relay's
+    writes) how its writes went. Its connection's state is ``relay_queue_connected`` in
+    ``registry``; a lost Redis is waited out (:mod:`relay.queue_connection`)."""
     if settings.redis_url:
         pool = await open_pool(settings.redis_url)
         connection = QueueConnection(pool, registry=registry)
@@ -152,31 +151,10 @@ async def relay_queue(
             await connection.aclose()
             await pool.aclose()
         return
-    pool = embedded_pool()
-    started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    worker = build_worker(
-        settings,
-        engine,
-        pool,
-        clock=clock,
-        worker_class=EmbeddedWorker,
-        handle_signals=False,
-        metrics=WorkerMetrics(registry),
-        started=started,
-        writable=writable,
-    )
-    assert isinstance(worker, EmbeddedWorker)
-    task = asyncio.create_task(worker.async_run(), name="embedded-relay-worker")
-    try:
-        await asyncio.wait([started, task], return_when=asyncio.FIRST_COMPLETED)
-        if not started.done():
-            task.result()  # the worker stopped before its destinations started: its error
-        started.result()  # a destination that can never deliver stops the server's start
-        yield JobQueue(pool, on_enqueue=worker.wake, clock=clock, connection=worker.connection)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)  # its error, if any, was raised
-        await close_worker(worker)
+    async with embedded_relay(
+        settings, engine, clock, metrics=WorkerMetrics(registry), writable=writable
+    ) as dispatcher:
+        yield dispatcher
 
 
 async def close_worker(worker: Worker) -> None:
@@ -199,12 +177,6 @@ async def close_worker(worker: Worker) -> None:
         if worker.on_shutdown is not None:
             await worker.on_shutdown(worker.ctx)
         await worker.pool.close(close_connection_pool=True)
-
-
-def embedded_pool() -> ArqRedis:
-    """An arq connection to an in-memory Redis (fakeredis) private to this process."""
-    fake = fakeredis.FakeAsyncRedis()
-    return ArqRedis(connection_pool=fake.connection_pool)
 
 
 async def connect_database(engine: AsyncEngine) -> None:

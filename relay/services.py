@@ -1,4 +1,4 @@
-"""The relay's moving parts built from settings: router, destinations, deliverer, queue."""
+"""The relay's moving parts built from settings: router, destinations, deliverer, sweeper."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import httpx
-from arq.connections import ArqRedis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
@@ -18,11 +17,10 @@ from relay import outbox
 from relay.delivery import Deliverer, Target, attempt_lease
 from relay.destinations import Destination, build_destination, new_http_client
 from relay.destinations.errors import DestinationRefused
-from relay.jobs import JobQueue
+from relay.dispatch import Dispatcher
 from relay.metrics import WorkerMetrics
 from relay.outbox import EventRef
 from relay.pruner import Pruner
-from relay.queue_connection import QueueConnection
 from relay.router import Router
 from relay.settings import Settings, SettingsError
 from relay.sweeper import Sweeper
@@ -56,8 +54,8 @@ class RoutingHook:
         self._router = router
         self._clock = clock
         self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
-        self.queue: JobQueue | None = None
-        """Attached once the queue is connected (in the app's lifespan)."""
+        self.queue: Dispatcher | None = None
+        """Attached once the dispatcher runs (in the app's lifespan)."""
 
     async def __call__(self, events: Sequence[StoredEvent]) -> None:
         refs = [EventRef(e.id, e.source, e.kind, e.payload, e.received_at) for e in events]
@@ -77,7 +75,7 @@ class WorkerServices:
     """What a relay worker needs; close it when done."""
 
     deliverer: Deliverer
-    queue: JobQueue
+    queue: Dispatcher
     sweeper: Sweeper
     http_client: httpx.AsyncClient
     targets: dict[str, Target]
@@ -126,17 +124,16 @@ def lease_for(settings: Settings) -> timedelta:
 def worker_services(
     settings: Settings,
     engine: AsyncEngine,
-    pool: ArqRedis,
+    queue: Dispatcher,
     clock: Callable[[], datetime],
     *,
     metrics: WorkerMetrics | None = None,
-    connection: QueueConnection | None = None,
     writable: StoreWritable | None = None,
 ) -> WorkerServices:
-    """Build the destinations and the deliverer of one worker; its deliverer and sweeper
-    record in ``metrics`` (a private registry by default), and tell the outages they meet to
-    ``connection`` (the queue's) and ``writable`` (the process's state of the relay's writes);
-    new ones by default."""
+    """Build the destinations and the deliverer of one worker, whose sweeper dispatches on
+    ``queue``; its deliverer and sweeper record in ``metrics`` (a private registry by default),
+    and tell the store's outages they meet to ``writable`` (the process's state of the relay's
+    writes; a new one by default)."""
     writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
     metrics = metrics if metrics is not None else WorkerMetrics()
     http_client = new_http_client(limits=HTTP_LIMITS)
@@ -144,7 +141,6 @@ def worker_services(
         name: Target(build_destination(name, config, http_client=http_client), config.timeout)
         for name, config in settings.destinations.items()
     }
-    queue = JobQueue(pool, clock=clock, connection=connection)
     deliverer = Deliverer(
         engine,
         targets,

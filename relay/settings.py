@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     trusted_proxies: Annotated[list[Network], NoDecode] = Field(default_factory=list)
     sources: dict[str, SourceConfig] = Field(default_factory=dict)
     redis_url: str | None = None
-    """Real Redis for the relay's queue (scaled mode); empty or absent: embedded fakeredis."""
+    """Real Redis for the relay's queue (scaled mode); empty or absent: dispatched in process."""
     destinations: dict[str, DestinationConfig] = Field(default_factory=dict)
     policies: PolicyConfigs = Field(default_factory=dict)
     sweep_interval: Duration = timedelta(seconds=5)

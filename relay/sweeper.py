@@ -1,8 +1,9 @@
-"""The sweeper: reconciles the SQL store (the truth) with the queue (a fast dispatcher).
+"""The sweeper: reconciles the SQL store (the truth) with the dispatcher (:mod:`relay.dispatch`).
 
 It routes events whose after-commit hook never ran (a killed process) and re-enqueues due
-deliveries whose job is gone (Redis flushed); a delivery whose job is still queued or running
-is left alone, so a backlog costs one Redis round trip per page, not one enqueue per delivery.
+deliveries whose job is gone (Redis flushed, a restarted process); a delivery whose job is
+still queued or running is left alone, so a backlog costs one Redis round trip per page (none
+in process), not one enqueue per delivery.
 Both steps are idempotent, so several sweepers (one per worker) may run at once.
 
 It waits while the queue's Redis is lost and sweeps as soon as it is back: what Redis lost (a
@@ -23,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import StoreWritable, WriteProbe
 from relay import outbox
-from relay.jobs import JobQueue
+from relay.dispatch import Dispatcher
 from relay.metrics import WorkerMetrics
 from relay.outbox import Due
 from relay.queue_connection import QueueUnavailable
@@ -56,7 +57,7 @@ class Sweeper:
         self,
         engine: AsyncEngine,
         router: Router,
-        queue: JobQueue,
+        queue: Dispatcher,
         *,
         clock: Callable[[], datetime],
         interval: timedelta,

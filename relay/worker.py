@@ -1,7 +1,8 @@
-"""The relay worker: arq functions, start-up/shutdown, and the embedded (fakeredis) variant.
+"""The relay worker: its services (deliverer, sweeper, pruner) fed by a dispatcher.
 
-`relay worker` runs :func:`build_worker` on a real Redis. `relay serve` without ``redis_url``
-runs the very same worker inside its own event loop on fakeredis (:class:`EmbeddedWorker`).
+`relay worker` runs :func:`build_worker`: arq jobs on a real Redis. `relay serve` without
+``redis_url`` runs the same services inside its own event loop (:func:`embedded_relay`), fed
+by an :class:`~relay.dispatch.in_process.InProcessDispatcher`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,9 +26,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.event_loop import LoopName, loop_name
 from receivers.store import StoreWritable
-from relay.delivery import AttemptsFailed
+from relay.delivery import AttemptsFailed, Deliverer
 from relay.destinations.errors import database_address, describe_error, without_credentials
-from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, deliver_job_id
+from relay.dispatch.in_process import Attempt, InProcessDispatcher
+from relay.jobs import DELIVER_FUNCTION, QUEUE_NAME, JobQueue, deliver_job_id
 from relay.metrics import WorkerMetrics
 from relay.outbox import Due
 from relay.queue_connection import QueueConnection, queue_lost
@@ -39,8 +41,6 @@ log = logging.getLogger(__name__)
 SERVICES = "relay"
 ONE_MICROSECOND = timedelta(microseconds=1)
 SWITCH_INTERVAL_SECONDS = 0.0005
-IDLE_POLL_SECONDS = 1.0
-"""The embedded worker's longest wait between polls (what it is not told of waits that long)."""
 
 
 async def deliver(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
@@ -114,10 +114,9 @@ def build_worker(
         services = worker_services(
             settings,
             engine,
-            pool,
+            JobQueue(pool, clock=clock, connection=connection),
             clock,
             metrics=figures,
-            connection=connection,
             writable=writable,
         )
         ctx[SERVICES] = services
@@ -129,17 +128,11 @@ def build_worker(
             raise
         if started is not None:
             started.set_result(None)
-        sweeper_task = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
-        if services.pruner is not None:
-            pruner_task = asyncio.create_task(services.pruner.run(), name="relay-pruner")
+        sweeper_task, pruner_task = background(services)
         log.info(started_line(settings, loop_name(asyncio.get_running_loop())))
 
     async def shutdown(ctx: dict[str, Any]) -> None:
-        for task in (sweeper_task, pruner_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop_background(sweeper_task, pruner_task)
         services: WorkerServices | None = ctx.get(SERVICES)
         if services is not None:
             await services.aclose()
@@ -159,6 +152,75 @@ def build_worker(
         log_results=False,
         connection=connection,
     )
+
+
+def background(services: WorkerServices) -> tuple[asyncio.Task[None], asyncio.Task[None] | None]:
+    """Start the sweeper and, with ``retention``, the pruner (stop them with
+    :func:`stop_background`)."""
+    sweeper = asyncio.create_task(services.sweeper.run(), name="relay-sweeper")
+    pruner = services.pruner
+    return sweeper, (asyncio.create_task(pruner.run(), name="relay-pruner") if pruner else None)
+
+
+async def stop_background(*tasks: asyncio.Task[None] | None) -> None:
+    """Cancel these tasks and wait for them."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def attempt_with(deliverer: Deliverer) -> Attempt:
+    """The in-process dispatcher's job: one attempt of each of these deliveries; a failed
+    attempt is logged with its traceback (as arq logs a failed job), the others' next jobs are
+    still returned."""
+
+    async def attempt(delivery_ids: list[str]) -> list[Due]:
+        try:
+            return await deliverer.attempt_many(delivery_ids)
+        except AttemptsFailed as failed:
+            log.error("attempt of %s failed: %s", ", ".join(delivery_ids), failed, exc_info=True)
+            return failed.next_due
+
+    return attempt
+
+
+@contextlib.asynccontextmanager
+async def embedded_relay(
+    settings: Settings,
+    engine: AsyncEngine,
+    clock: Callable[[], datetime],
+    *,
+    metrics: WorkerMetrics,
+    writable: StoreWritable | None = None,
+) -> AsyncIterator[InProcessDispatcher]:
+    """The relay worker in this event loop (`relay serve` without ``redis_url``): its
+    destinations started (a :class:`SettingsError` names one that can never deliver), its
+    sweeper and pruner running, its jobs dispatched in process; yields the dispatcher, for the
+    routing hook and the console. On exit, running attempts get
+    :data:`~relay.dispatch.in_process.SHUTDOWN_GRACE_SECONDS` to finish."""
+    dispatcher = InProcessDispatcher(
+        concurrency=settings.worker_concurrency,
+        clock=clock,
+        timeout=lease_for(settings),
+        registry=metrics.registry,
+    )
+    services = worker_services(
+        settings, engine, dispatcher, clock, metrics=metrics, writable=writable
+    )
+    try:
+        await services.start()
+        dispatcher.start(attempt_with(services.deliverer))
+        tasks = background(services)
+        log.info(started_line(settings, loop_name(asyncio.get_running_loop())))
+        try:
+            yield dispatcher
+        finally:
+            await stop_background(*tasks)
+            await dispatcher.aclose()
+    finally:
+        await services.aclose()
 
 
 class RelayWorker(Worker):
@@ -319,56 +381,6 @@ class RelayWorker(Worker):
                 task.result()
 
 
-class EmbeddedWorker(RelayWorker):
-    """The same worker on fakeredis, in the server's own event loop.
-
-    It does not log Redis's INFO at start-up (fakeredis has no INFO command) nor beat arq's
-    heart (no one could read it), and since every job is enqueued in this process, it does not
-    poll while nothing is in sight (a fakeredis poll costs the event loop ~1 ms, which the
-    receivers would pay for): :meth:`wake` (the process's queues call it on every enqueue)
-    polls at once; else it polls when the earliest queued job is due, at ``poll_delay`` while
-    jobs run, and at least every ``idle_poll_seconds``."""
-
-    idle_poll_seconds = IDLE_POLL_SECONDS
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._work_in_sight = asyncio.Event()
-
-    def wake(self) -> None:
-        """Poll now: a job was enqueued."""
-        self._work_in_sight.set()
-
-    async def start_up(self) -> None:
-        await super().start_up()
-        services: WorkerServices | None = self.ctx.get(SERVICES)
-        if services is not None:
-            services.queue.on_enqueue = self.wake  # retries, replays and the sweeper's jobs
-
-    async def announce(self) -> None:
-        """Nothing to say: fakeredis has no INFO command."""
-
-    async def heart_beat(self) -> None:
-        """No health key: no one could read it."""
-
-    async def poll(self) -> None:
-        self._work_in_sight.clear()
-        await super().poll()
-
-    async def until_next_poll(self) -> float:
-        """Seconds until the next poll (see the class docstring)."""
-        if self.tasks:  # jobs run: the next poll may start queued ones (no need to ask Redis)
-            return self.poll_delay_s
-        earliest = await self.pool.zrange(self.queue_name, 0, 0, withscores=True)
-        due_ms = earliest[0][1] if earliest else None
-        return idle_wait(due_ms, time.time() * 1000, self.poll_delay_s, self.idle_poll_seconds)
-
-    async def pause(self, seconds: float) -> None:
-        """Wait until the next poll, or until :meth:`wake`."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._work_in_sight.wait(), seconds)
-
-
 def shorten_switch_interval(seconds: float = SWITCH_INTERVAL_SECONDS) -> None:
     """A shorter GIL switch interval for `relay worker` (a speed trick, process-wide).
 
@@ -378,11 +390,3 @@ def shorten_switch_interval(seconds: float = SWITCH_INTERVAL_SECONDS) -> None:
     client (see docs/performance.md). Off: do not call it (``relay worker`` is its only
     caller)."""
     sys.setswitchinterval(seconds)
-
-
-def idle_wait(due_ms: float | None, now_ms: float, poll_delay: float, idle_poll: float) -> float:
-    """Seconds until the next poll: until the earliest queued job is due (a running job is
-    past due: its end frees a slot), within ``poll_delay`` and ``idle_poll``."""
-    if due_ms is None:
-        return idle_poll
-    return min(max((due_ms - now_ms) / 1000, poll_delay), idle_poll)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import fakeredis
+from arq.connections import ArqRedis
 from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -35,6 +37,12 @@ class Clock:
 
     def to(self, moment: datetime) -> None:
         self.now = moment
+
+
+def fake_arq_pool() -> ArqRedis:
+    """An arq connection to an in-memory Redis (fakeredis) private to the test: the scaled
+    mode's queue without a server."""
+    return ArqRedis(connection_pool=fakeredis.FakeAsyncRedis().connection_pool)
 
 
 async def store_events(

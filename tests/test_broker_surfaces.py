@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from relay import inspect, outbox
 from relay import services as services_module
 from relay.cli import main
+from relay.dispatch.in_process import InProcessDispatcher
 from relay.metrics import WorkerMetrics
-from relay.runtime import embedded_pool
 from relay.services import router_for, worker_services
 from relay.settings import Settings
 from relay.simulator import factories
@@ -73,7 +73,9 @@ async def test_a_broker_that_is_down_is_a_failed_attempt_seen_everywhere(
     clock = Clock()
     await store_events(engine, [("/hooks/sms/dlr", factories.sms_dlr())], clock)
     metrics = WorkerMetrics()
-    services = worker_services(settings, engine, embedded_pool(), clock, metrics=metrics)
+    services = worker_services(
+        settings, engine, InProcessDispatcher(concurrency=1), clock, metrics=metrics
+    )
     try:
         await services.start()  # a broker that is down is no reason to refuse to start
         events = await outbox.unrouted_events(engine, clock() + timedelta(days=1), 10)
@@ -148,7 +150,7 @@ async def test_a_broker_that_never_answers_does_not_hold_the_start(
     port = silent.sockets[0].getsockname()[1]
     table = broker_table(broker, port) | {"timeout": "60s"}
     settings = Settings(database_url=database_url, destinations={"bus": table, "bus2": table})
-    services = worker_services(settings, engine, embedded_pool(), Clock())
+    services = worker_services(settings, engine, InProcessDispatcher(concurrency=1), Clock())
     try:
         started = asyncio.get_running_loop().time()
         await services.start()

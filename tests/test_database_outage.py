@@ -18,7 +18,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from arq.connections import ArqRedis
 from sqlalchemy import event, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -28,11 +27,10 @@ from receivers.store import create_engine, is_unavailable
 from relay import outbox
 from relay.delivery import Deliverer, Target
 from relay.destinations import build_destination, new_http_client, parse_destination_config
-from relay.jobs import QUEUE_NAME, JobQueue
+from relay.dispatch.in_process import InProcessDispatcher
 from relay.metrics import WorkerMetrics
 from relay.policies import resolve_policies
 from relay.router import Router
-from relay.runtime import embedded_pool
 from relay.services import RoutingHook
 from relay.simulator import factories
 from relay.sweeper import Sweeper
@@ -130,12 +128,12 @@ async def test_the_sweeper_says_a_database_outage_once_and_sweeps_again_when_it_
         gated.direct, [(HOOK_PATH, factories.sms_inbound()) for _ in range(2)], clock
     )
     clock.advance(timedelta(minutes=1))
-    pool = embedded_pool()
     metrics = WorkerMetrics()
+    queue = InProcessDispatcher(concurrency=1, clock=clock)
     sweeper = Sweeper(
         gated.engine,
         crm_router(),
-        JobQueue(pool, clock=clock),
+        queue,
         clock=clock,
         interval=timedelta(milliseconds=20),
         metrics=metrics,
@@ -151,20 +149,21 @@ async def test_the_sweeper_says_a_database_outage_once_and_sweeps_again_when_it_
         assert database_lines(caplog) == ["database lost"]
         await gated.gate.open()
         await eventually(lambda: sweeps("ok") >= 1)
-        assert await _routed_and_queued(gated.direct, pool, events=2)
+        assert await _routed_and_queued(gated.direct, queue, events=2)
         assert not task.done()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await pool.aclose()
     assert database_lines(caplog) == ["database lost", "database back"]
     assert tracebacks(caplog) == []
 
 
-async def _routed_and_queued(engine: AsyncEngine, pool: ArqRedis, *, events: int) -> bool:
+async def _routed_and_queued(
+    engine: AsyncEngine, queue: InProcessDispatcher, *, events: int
+) -> bool:
     """Each event has its delivery, and their first attempts a job (one batch job for all)."""
-    return await deliveries(engine) == events and await pool.zcard(QUEUE_NAME) == 1
+    return await deliveries(engine) == events and queue.held == 1
 
 
 async def test_attempts_the_database_outage_stops_wait_for_it_without_an_error(

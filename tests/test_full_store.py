@@ -27,10 +27,9 @@ from receivers.store.engine import create_engine
 from relay import migrate, outbox
 from relay.cli import main
 from relay.destinations import parse_destination_config
-from relay.jobs import JobQueue
+from relay.dispatch.in_process import InProcessDispatcher
 from relay.metrics import WorkerMetrics
 from relay.router import Router
-from relay.runtime import embedded_pool
 from relay.services import RoutingHook
 from relay.simulator import factories
 from relay.sweeper import Sweeper
@@ -268,14 +267,14 @@ async def test_routing_into_a_full_store_leaves_the_events_to_the_sweeper_withou
     assert len(await unrouted(engine, clock)) == 100
 
     await full_store.make_room()
-    pool = embedded_pool()
-    try:
-        clock.advance(timedelta(seconds=10))
-        report = await Sweeper(
-            engine, router, JobQueue(pool), clock=clock, interval=timedelta(seconds=1)
-        ).sweep()
-    finally:
-        await pool.aclose()
+    clock.advance(timedelta(seconds=10))
+    report = await Sweeper(
+        engine,
+        router,
+        InProcessDispatcher(concurrency=1),
+        clock=clock,
+        interval=timedelta(seconds=1),
+    ).sweep()
     assert report.routed_events == 100 and await unrouted(engine, clock) == []
 
 
@@ -289,11 +288,10 @@ async def test_a_sweeper_on_a_full_store_logs_once_and_routes_once_there_is_room
     clock.advance(timedelta(seconds=10))
     await full_store.fill()
     metrics = WorkerMetrics()
-    pool = embedded_pool()
     sweeper = Sweeper(
         engine,
         router,
-        JobQueue(pool),
+        InProcessDispatcher(concurrency=1),
         clock=clock,
         interval=timedelta(milliseconds=20),
         metrics=metrics,
@@ -314,7 +312,6 @@ async def test_a_sweeper_on_a_full_store_logs_once_and_routes_once_there_is_room
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
-        await pool.aclose()
     assert await unrouted(engine, clock) == []
     assert [level for level, _ in store_lines(caplog)] == ["WARNING", "INFO"]
     assert_no_trace(caplog)

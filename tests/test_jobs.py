@@ -16,14 +16,14 @@ from redis.exceptions import ResponseError
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
 from relay.outbox import Due
 from relay.queue_connection import QueueConnection, QueueUnavailable
-from relay.runtime import embedded_pool
+from tests.relay_support import fake_arq_pool
 from tests.store_support import within
 
 AT = datetime(2026, 11, 21, 12, 0, 0, 123456, tzinfo=UTC)
 
 
 async def test_job_ids_dedupe_queued_jobs_but_not_new_schedules() -> None:
-    queue = JobQueue(embedded_pool())
+    queue = JobQueue(fake_arq_pool())
     first = Due("d1", 3, AT)
     assert await queue.enqueue([first, first]) == 1  # the same schedule: one job
     held = Due("d1", 3, AT + timedelta(minutes=10))  # paused destination: same attempt, later
@@ -41,7 +41,7 @@ async def test_a_job_days_overdue_is_queued_first_and_kept_a_day() -> None:
     """The sweeper re-enqueues deliveries that fell due during an outage: arq's own expiry
     (due time + 1 day, counted from now) would be negative, which Redis refuses."""
     now = AT + timedelta(days=3)
-    queue = JobQueue(embedded_pool(), clock=lambda: now)
+    queue = JobQueue(fake_arq_pool(), clock=lambda: now)
     overdue = Due("d1", 2, AT)
     current = Due("d2", 0, now)
     later = Due("d3", 1, now + timedelta(hours=10))
@@ -105,7 +105,7 @@ async def test_while_the_queue_is_lost_enqueue_leaves_the_jobs_to_the_sweepers(
 async def test_an_error_redis_answers_is_raised_not_taken_for_an_outage() -> None:
     """A command Redis refuses (here: the queue's key holds a string, not a sorted set) is a
     fault to see, not an outage to wait out."""
-    pool = embedded_pool()
+    pool = fake_arq_pool()
     queue = JobQueue(pool, clock=lambda: AT)
     await pool.set(QUEUE_NAME, "not a sorted set")
     with pytest.raises(ResponseError):

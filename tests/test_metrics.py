@@ -27,12 +27,12 @@ from relay import migrate, outbox
 from relay.cli import main
 from relay.delivery import Deliverer, Target
 from relay.destinations import build_destination, new_http_client, parse_destination_config
-from relay.jobs import JobQueue
+from relay.dispatch.in_process import InProcessDispatcher
 from relay.metrics import StoreFigures, WorkerMetrics, metrics_server
 from relay.outbox import Due
 from relay.policies import PolicyConfigs, resolve_policies
 from relay.router import Router
-from relay.runtime import embedded_pool, start
+from relay.runtime import start
 from relay.settings import Settings, SettingsError
 from relay.simulator import factories
 from relay.sweeper import Sweeper
@@ -202,8 +202,8 @@ async def test_a_store_that_does_not_answer_leaves_its_gauges_out(tmp_path: Path
     assert registry.get_sample_value("relay_deliveries_pending", {"destination": "crm"}) is None
 
 
-class BrokenQueue(JobQueue):
-    """A queue whose Redis fails the sweeper's question."""
+class BrokenQueue(InProcessDispatcher):
+    """A dispatcher that fails the sweeper's question."""
 
     async def without_jobs(self, due: list[Due]) -> list[Due]:
         raise ConnectionError("redis went away")
@@ -212,20 +212,20 @@ class BrokenQueue(JobQueue):
 async def test_sweeper_runs_are_counted(engine: AsyncEngine, clock: Clock) -> None:
     metrics = WorkerMetrics()
     router = Router({})
-    pool = embedded_pool()
-    try:
-        sweeper = Sweeper(
-            engine, router, JobQueue(pool), clock=clock, interval=SECOND, metrics=metrics
-        )
-        await sweeper.sweep()
-        await sweeper.sweep()
-        broken = Sweeper(
-            engine, router, BrokenQueue(pool), clock=clock, interval=SECOND, metrics=metrics
-        )
-        with pytest.raises(ConnectionError):
-            await broken.sweep()
-    finally:
-        await pool.aclose()
+    queue = InProcessDispatcher(concurrency=1)
+    sweeper = Sweeper(engine, router, queue, clock=clock, interval=SECOND, metrics=metrics)
+    await sweeper.sweep()
+    await sweeper.sweep()
+    broken = Sweeper(
+        engine,
+        router,
+        BrokenQueue(concurrency=1),
+        clock=clock,
+        interval=SECOND,
+        metrics=metrics,
+    )
+    with pytest.raises(ConnectionError):
+        await broken.sweep()
     assert metrics.registry.get_sample_value("relay_sweeps_total", {"outcome": "ok"}) == 2
     assert metrics.registry.get_sample_value("relay_sweeps_total", {"outcome": "failed"}) == 1
 

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import create_engine
 from relay import outbox
+from relay.dispatch.in_process import InProcessDispatcher
 from relay.pruner import PRUNE_LOCK, Pruner
 from relay.retention import Pruned
 from relay.runtime import Runtime, close_worker, start
@@ -138,7 +139,8 @@ def settings_with(database_url: str, **extra: object) -> Settings:
 
 async def test_without_retention_a_worker_has_no_pruner(engine: AsyncEngine) -> None:
     settings = settings_with(str(engine.url.render_as_string(hide_password=False)))
-    services = worker_services(settings, engine, pool=None, clock=Clock())  # type: ignore[arg-type]
+    queue = InProcessDispatcher(concurrency=1)
+    services = worker_services(settings, engine, queue, clock=Clock())
     try:
         assert services.pruner is None
     finally:
@@ -160,7 +162,7 @@ async def serving_at(runtime: Runtime, clock: Clock) -> AsyncIterator[httpx.Asyn
         await runtime.engine.dispose()
 
 
-async def test_the_embedded_worker_of_relay_serve_prunes_by_the_retention_setting(
+async def test_the_embedded_relay_of_relay_serve_prunes_by_the_retention_setting(
     engine: AsyncEngine, database_url: str
 ) -> None:
     old = await event_with(engine, "old", START, ended(START))

@@ -24,11 +24,10 @@ from relay.destinations.http import new_http_client
 from relay.destinations.shards import ShardedTransport
 from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
 from relay.outbox import DELIVERIES, JOB_BATCH, AttemptRecord, AttemptResult, Due
-from relay.runtime import embedded_pool
 from relay.simulator import factories
 from relay.tables import SUCCEEDED
 from relay.worker import RelayWorker, not_this_job
-from tests.relay_support import START, Clock, Relay, store_events
+from tests.relay_support import START, Clock, Relay, fake_arq_pool, store_events
 from tests.support import Answer, Sink
 
 EVENTS = JOB_BATCH + 5
@@ -302,7 +301,7 @@ async def test_a_worker_does_not_ask_redis_again_about_the_jobs_it_runs(
         return None
 
     monkeypatch.setattr(Worker, "start_jobs", start_jobs)
-    pool = embedded_pool()
+    pool = fake_arq_pool()
     worker = RelayWorker(
         functions=[func(deliver, name="deliver")], redis_pool=pool, handle_signals=False
     )

@@ -1,5 +1,5 @@
-"""The relay end to end: embedded mode (one process, fakeredis), and workers on real Redis
-surviving FLUSHALL and SIGKILL with nothing lost."""
+"""The relay end to end: embedded mode (one process, dispatched in process), and workers on real
+Redis surviving FLUSHALL and SIGKILL with nothing lost."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def delivered_ids(sink: Sink) -> set[str]:
 
 
 async def test_embedded_mode_end_to_end(engine: AsyncEngine, database_url: str, sink: Sink) -> None:
-    """One process, no Redis server: receivers, fakeredis queue, worker and sweeper."""
+    """One process, no Redis server: receivers, in-process dispatcher, worker and sweeper."""
     runtime = await start(settings_for(database_url, sink))
     async with serving(runtime) as client:
         ids = await post_events(client, 25)

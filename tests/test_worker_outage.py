@@ -28,7 +28,7 @@ from relay.router import Router
 from relay.runtime import close_worker
 from relay.simulator import factories
 from relay.sweeper import Sweeper
-from relay.worker import EmbeddedWorker, RelayWorker
+from relay.worker import RelayWorker
 from tests.relay_support import Clock, store_events
 from tests.store_support import eventually, within
 
@@ -110,16 +110,9 @@ def new_worker(
 
 async def enqueue(worker: RelayWorker, job_id: str) -> None:
     await worker.pool.enqueue_job("job", job_id, _job_id=job_id, _queue_name=QUEUE_NAME)
-    await poke(worker)
 
 
-async def poke(worker: RelayWorker) -> None:
-    """Make the worker poll soon (the embedded one waits for a wake-up while idle)."""
-    if isinstance(worker, EmbeddedWorker):
-        worker.wake()
-
-
-WORKERS = pytest.mark.parametrize("worker_class", [RelayWorker, EmbeddedWorker])
+WORKERS = pytest.mark.parametrize("worker_class", [RelayWorker])
 
 
 @WORKERS
@@ -138,7 +131,6 @@ async def test_a_worker_rides_out_a_lost_queue_and_runs_what_comes_after(
         await eventually(lambda: ran == ["before"])
 
         redis.down()
-        await poke(worker)
         await eventually(lambda: not worker.connection.connected)
         redis.up()
         await within(worker.connection.until_connected())
