@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 FALLBACK_POLICY = "standard"
 DEFAULT_CONCURRENCY = 50
+LINE_DRAIN = 100
+"""How many deliveries of a per-key line one attempt goes on to in its job, one after the other,
+when its end lets the next go (see :meth:`Deliverer.attempt_many`); 0 hands each next one over
+as a job of its own."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,27 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """What one attempt leaves to do: its delivery's own next job (a retry, a wait), if any,
+    and the delivery of its per-key line that its end let go (due, not leased), if any."""
+
+    jobs: list[Due]
+    next_in_line: Due | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """Until when a job may start another attempt, so that it ends within its lease: on the
+    event loop's clock (arq's job timeout) and on the injected clock (the leases in SQL)."""
+
+    loop_deadline: float
+    clock_deadline: datetime
+
+    def open(self, now: datetime) -> bool:
+        return asyncio.get_running_loop().time() < self.loop_deadline and now < self.clock_deadline
+
+
+@dataclass(frozen=True)
 class Target:
     """A configured destination: the sender and its timeout."""
 
@@ -138,8 +163,10 @@ class Deliverer:
         concurrency: int = DEFAULT_CONCURRENCY,
         metrics: WorkerMetrics | None = None,
         writable: StoreWritable | None = None,
+        line_drain: int = LINE_DRAIN,
     ) -> None:
         self._engine = engine
+        self._line_drain = line_drain
         self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self._targets = targets
         self._policies = policies
@@ -166,8 +193,8 @@ class Deliverer:
             assert not isinstance(claimed, Recorded)
             if claimed is None:
                 return None
-            jobs = await self._attempt(claimed, slot)
-            return next((d for d in jobs if d.id == delivery_id), None)
+            ended = await self._attempt(claimed, slot)
+            return next((d for d in ended.jobs if d.id == delivery_id), None)
         finally:
             slot.free()
 
@@ -180,14 +207,26 @@ class Deliverer:
         ``writable``, which logs it once per outage, and its delivery waits in the database,
         due (or leased until its lease ends), for the sweepers.
 
-        A job must end within its lease (arq's job timeout), so an attempt that gets no slot
-        within half the lease margin is not made here: its lease is given back and it comes
-        back as a job of its own, at its due time (arq runs the oldest first)."""
-        deadline = asyncio.get_running_loop().time() + self._start_window
+        When an attempt's end lets the next delivery of its per-key line go, that one is
+        claimed and attempted next in this call, and so on down the line (up to
+        ``line_drain`` of them after each attempt here): a line drains without waiting for
+        the queue. The claim keeps every rule of the line (:mod:`relay.ordering`); should it
+        not take the delivery (another worker did, it is no longer free), the line is left to
+        whoever holds it. Past ``line_drain``, the next one is returned as its job.
+
+        A job must end within its lease (arq's job timeout), so no attempt starts here later
+        than half the lease margin after the call began (on the event loop's clock and on the
+        injected one): an attempt that gets no slot by then is not made, its lease is given
+        back and it comes back as a job of its own, at its due time (arq runs the oldest
+        first); the next of a line is then returned as its job."""
+        window = Window(
+            asyncio.get_running_loop().time() + self._start_window,
+            self._clock() + timedelta(seconds=self._start_window),
+        )
         claims = await self._outbox.submit_many(list(delivery_ids))
         results = await asyncio.gather(
             *(
-                self._attempt_by(claimed, deadline)
+                self._attempt_line(claimed, window)
                 for claimed in claims
                 if isinstance(claimed, Claim | BaseException)
             ),
@@ -201,21 +240,41 @@ class Deliverer:
             raise _with_next(errors[0], next_due)
         return next_due
 
-    async def _attempt_by(self, claimed: Claim | BaseException, deadline: float) -> list[Due]:
+    async def _attempt_line(self, claimed: Claim | BaseException, window: Window) -> list[Due]:
+        """Attempt ``claimed``, then the next of its per-key line that its end lets go, and so
+        on, while ``window`` is open and up to ``line_drain`` more; returns the next jobs."""
         if isinstance(claimed, BaseException):
             raise claimed
+        for drained in range(self._line_drain + 1):
+            ended = await self._attempt_by(claimed, window)
+            follower = ended.next_in_line
+            if follower is None:
+                return ended.jobs
+            if drained == self._line_drain or not window.open(self._clock()):
+                return [*ended.jobs, follower]
+            try:
+                taken = await self._outbox.submit(follower.id)
+            except Exception:
+                # its job will claim it again (and meet, and report, whatever stopped this one)
+                return [*ended.jobs, follower]
+            if not isinstance(taken, Claim):
+                return ended.jobs
+            claimed = taken
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt_by(self, claimed: Claim, window: Window) -> Ended:
         try:
             if self._slots.free_now():
                 slot = await self._slots.take()  # at once
             else:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(window.loop_deadline):
                     slot = await self._slots.take()
         except TimeoutError:
             await self._outbox.submit(Release(claimed))
             delivery = claimed.delivery
             # its own job, due when it was due: ahead of newer jobs in the queue, and the id the
             # sweeper looks for (see :func:`relay.jobs.deliver_job_id`)
-            return [Due(delivery.id, delivery.attempts, delivery.next_attempt_at)]
+            return Ended([Due(delivery.id, delivery.attempts, delivery.next_attempt_at)])
         try:
             return await self._attempt(claimed, slot)
         finally:
@@ -308,7 +367,7 @@ class Deliverer:
         self._writable.succeeded()
         return recorded
 
-    async def _attempt(self, claimed: Claim, slot: Slot) -> list[Due]:
+    async def _attempt(self, claimed: Claim, slot: Slot) -> Ended:
         """Attempt a claimed delivery in its ``slot``, which is freed once the answer is in
         (the record waits for its group without holding it); returns its next job and the
         one its end lets go next, if they are needed."""
@@ -323,7 +382,7 @@ class Deliverer:
                 next_attempt_at=None,
                 error=f"destination {delivery.destination!r} is not configured",
             )
-            return []
+            return Ended([])
         health = _health(claimed.health)
         if health.disabled:
             await outbox.release(
@@ -333,12 +392,12 @@ class Deliverer:
                 next_attempt_at=None,
                 error="destination disabled after 410 Gone; `relay destinations enable` resumes",
             )
-            return []
+            return Ended([])
         wait = hold_until(health, now)
         if wait is not None:
             if await outbox.release(self._engine, claimed, status=PENDING, next_attempt_at=wait):
-                return [Due(delivery.id, delivery.attempts, wait)]
-            return []
+                return Ended([Due(delivery.id, delivery.attempts, wait)])
+            return Ended([])
         policy = self._policies.get(delivery.policy) or self._policies[FALLBACK_POLICY]
         outcome = await self._send(claimed, target, policy)
         slot.answered()
@@ -363,7 +422,7 @@ class Deliverer:
 
     async def _record(
         self, claimed: Claim, policy: Policy, sent: tuple[datetime, Outcome]
-    ) -> list[Due]:
+    ) -> Ended:
         started, outcome = sent
         delivery = claimed.delivery
         finished = max(self._clock(), started)
@@ -402,7 +461,7 @@ class Deliverer:
                 "gave the delivery up): the attempt is not recorded",
                 delivery.id,
             )
-            return []
+            return Ended([])
         if status == SUCCEEDED:
             figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
         if not outcome.ok:
@@ -429,9 +488,7 @@ class Deliverer:
                 delivery.attempts + 1,
             )
         jobs = [Due(delivery.id, delivery.attempts + 1, next_at)] if next_at else []
-        if recorded.next_in_line is not None:
-            jobs.append(recorded.next_in_line)
-        return jobs
+        return Ended(jobs, recorded.next_in_line)
 
 
 class AttemptsFailed(Exception):
