@@ -51,10 +51,12 @@ OutboxRequest = str | AttemptRecord | Release
 @dataclass(frozen=True)
 class Recorded:
     """The outbox's answer to a record: whether the lease was still the attempt's (else nothing
-    was written), and the job of the delivery its end let go next (per-key ordering)."""
+    was written), the job of the delivery its end let go next (per-key ordering) and, when the
+    record asked for it, that delivery claimed in the same transaction."""
 
     owned: bool
     next_in_line: Due | None = None
+    claimed_next: Claim | None = None
 
 
 class Slots:
@@ -108,6 +110,8 @@ class Ended:
 
     jobs: list[Due]
     next_in_line: Due | None = None
+    claimed_next: Claim | None = None
+    """``next_in_line``, claimed with the record (when the attempt asked for it)."""
 
 
 @dataclass(frozen=True)
@@ -246,23 +250,18 @@ class Deliverer:
         if isinstance(claimed, BaseException):
             raise claimed
         for drained in range(self._line_drain + 1):
-            ended = await self._attempt_by(claimed, window)
-            follower = ended.next_in_line
-            if follower is None:
-                return ended.jobs
-            if drained == self._line_drain or not window.open(self._clock()):
-                return [*ended.jobs, follower]
-            try:
-                taken = await self._outbox.submit(follower.id)
-            except Exception:
-                # its job will claim it again (and meet, and report, whatever stopped this one)
-                return [*ended.jobs, follower]
-            if not isinstance(taken, Claim):
-                return ended.jobs
-            claimed = taken
+            more = drained < self._line_drain
+            ended = await self._attempt_by(claimed, window, more)
+            if ended.claimed_next is None:
+                follower = ended.next_in_line
+                return [*ended.jobs, follower] if follower is not None else ended.jobs
+            claimed = ended.claimed_next
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _attempt_by(self, claimed: Claim, window: Window) -> Ended:
+    async def _attempt_by(self, claimed: Claim, window: Window, more: bool = False) -> Ended:
+        """Attempt ``claimed`` once it has a slot (none by the window's end: its lease is
+        given back); ``more``: the line may go on, while the window is open, with the next
+        delivery claimed in the record's transaction."""
         try:
             if self._slots.free_now():
                 slot = await self._slots.take()  # at once
@@ -276,7 +275,7 @@ class Deliverer:
             # sweeper looks for (see :func:`relay.jobs.deliver_job_id`)
             return Ended([Due(delivery.id, delivery.attempts, delivery.next_attempt_at)])
         try:
-            return await self._attempt(claimed, slot)
+            return await self._attempt(claimed, slot, window if more else None)
         finally:
             slot.free()
 
@@ -353,10 +352,21 @@ class Deliverer:
         ]
         finished = [r.claimed.delivery for r, end in zip(records, ended, strict=True) if end]
         lines = await outbox.next_in_line(conn, finished, self._clock()) if finished else {}
-        return [
-            Recorded(mine, lines.get(_line(record)) if end else None)
-            for record, mine, end in zip(records, owned, ended, strict=True)
-        ]
+        follow = {
+            lines[_line(r)].id
+            for r, end in zip(records, ended, strict=True)
+            if end and r.claim_next and _line(r) in lines
+        }
+        claims = {}
+        if follow:
+            claims = await outbox.claim_on(conn, list(follow), self._clock(), self._lease)
+        answers = []
+        for record, mine, end in zip(records, owned, ended, strict=True):
+            after = lines.get(_line(record)) if end else None
+            # each claim to one record only (two ends of one line in a group: never in practice)
+            taken = claims.pop(after.id, None) if after and record.claim_next else None
+            answers.append(Recorded(mine, after, taken))
+        return answers
 
     async def _record_alone(self, record: AttemptRecord) -> Recorded | BaseException:
         try:
@@ -367,10 +377,11 @@ class Deliverer:
         self._writable.succeeded()
         return recorded
 
-    async def _attempt(self, claimed: Claim, slot: Slot) -> Ended:
+    async def _attempt(self, claimed: Claim, slot: Slot, window: Window | None = None) -> Ended:
         """Attempt a claimed delivery in its ``slot``, which is freed once the answer is in
         (the record waits for its group without holding it); returns its next job and the
-        one its end lets go next, if they are needed."""
+        one its end lets go next, if they are needed. While ``window`` is open when the
+        record is written, the latter is claimed in the record's transaction."""
         now = self._clock()
         delivery = claimed.delivery
         target = self._targets.get(delivery.destination)
@@ -401,7 +412,7 @@ class Deliverer:
         policy = self._policies.get(delivery.policy) or self._policies[FALLBACK_POLICY]
         outcome = await self._send(claimed, target, policy)
         slot.answered()
-        return await self._record(claimed, policy, outcome)
+        return await self._record(claimed, policy, outcome, window)
 
     async def _send(
         self, claimed: Claim, target: Target, policy: Policy
@@ -421,7 +432,11 @@ class Deliverer:
         return started, outcome
 
     async def _record(
-        self, claimed: Claim, policy: Policy, sent: tuple[datetime, Outcome]
+        self,
+        claimed: Claim,
+        policy: Policy,
+        sent: tuple[datetime, Outcome],
+        window: Window | None = None,
     ) -> Ended:
         started, outcome = sent
         delivery = claimed.delivery
@@ -451,8 +466,10 @@ class Deliverer:
             error=storable(outcome.error) if outcome.error else outcome.error,
             response_excerpt=outcome.response_excerpt,
         )
+        follow = window is not None and window.open(self._clock())
+        health = _on_rows(change) if change else None
         recorded = await self._outbox.submit(
-            AttemptRecord(claimed, result, status, next_at, _on_rows(change) if change else None)
+            AttemptRecord(claimed, result, status, next_at, health, claim_next=follow)
         )
         assert isinstance(recorded, Recorded)
         if not recorded.owned:
@@ -488,7 +505,7 @@ class Deliverer:
                 delivery.attempts + 1,
             )
         jobs = [Due(delivery.id, delivery.attempts + 1, next_at)] if next_at else []
-        return Ended(jobs, recorded.next_in_line)
+        return Ended(jobs, recorded.next_in_line, recorded.claimed_next)
 
 
 class AttemptsFailed(Exception):

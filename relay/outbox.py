@@ -106,6 +106,9 @@ class AttemptRecord:
     status: str
     next_attempt_at: datetime | None
     health_change: HealthChange | None = None
+    claim_next: bool = False
+    """Whether the transaction that writes it also claims the delivery its end lets go next
+    in its per-key line (see :class:`relay.delivery.Deliverer`)."""
 
 
 def _insert(conn: AsyncConnection, table: Any) -> Any:
