@@ -153,7 +153,8 @@ class Deliverer:
     (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics`` (a
     private registry by default). A claim or record that the store refuses (full, unreachable)
     is noted in ``writable`` (logged once, not per attempt): :meth:`attempt_many` leaves such a
-    delivery as SQL has it, for the sweeper to hand out again once the store takes writes."""
+    delivery as SQL has it, for the sweeper to hand out again once the store takes writes.
+    ``line_drain`` bounds how far :meth:`attempt_many` goes down a per-key line in one call."""
 
     def __init__(
         self,
