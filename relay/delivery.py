@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 FALLBACK_POLICY = "standard"
 DEFAULT_CONCURRENCY = 50
+LINE_DRAIN = 100
+"""How many deliveries of a per-key line one attempt goes on to in its job, one after the other,
+when its end lets the next go (see :meth:`Deliverer.attempt_many`); 0 hands each next one over
+as a job of its own."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,12 @@ OutboxRequest = str | AttemptRecord | Release
 @dataclass(frozen=True)
 class Recorded:
     """The outbox's answer to a record: whether the lease was still the attempt's (else nothing
-    was written), and the job of the delivery its end let go next (per-key ordering)."""
+    was written), the job of the delivery its end let go next (per-key ordering) and, when the
+    record asked for it, that delivery claimed in the same transaction."""
 
     owned: bool
     next_in_line: Due | None = None
+    claimed_next: Claim | None = None
 
 
 class Slots:
@@ -98,6 +104,29 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """What one attempt leaves to do: its delivery's own next job (a retry, a wait), if any,
+    and the delivery of its per-key line that its end let go (due, not leased), if any."""
+
+    jobs: list[Due]
+    next_in_line: Due | None = None
+    claimed_next: Claim | None = None
+    """``next_in_line``, claimed with the record (when the attempt asked for it)."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """Until when a job may start another attempt, so that it ends within its lease: on the
+    event loop's clock (arq's job timeout) and on the injected clock (the leases in SQL)."""
+
+    loop_deadline: float
+    clock_deadline: datetime
+
+    def open(self, now: datetime) -> bool:
+        return asyncio.get_running_loop().time() < self.loop_deadline and now < self.clock_deadline
+
+
+@dataclass(frozen=True)
 class Target:
     """A configured destination: the sender and its timeout."""
 
@@ -124,7 +153,8 @@ class Deliverer:
     (:class:`~receivers.store.coalescer.Coalescer`). Attempts are counted in ``metrics`` (a
     private registry by default). A claim or record that the store refuses (full, unreachable)
     is noted in ``writable`` (logged once, not per attempt): :meth:`attempt_many` leaves such a
-    delivery as SQL has it, for the sweeper to hand out again once the store takes writes."""
+    delivery as SQL has it, for the sweeper to hand out again once the store takes writes.
+    ``line_drain`` bounds how far :meth:`attempt_many` goes down a per-key line in one call."""
 
     def __init__(
         self,
@@ -138,8 +168,10 @@ class Deliverer:
         concurrency: int = DEFAULT_CONCURRENCY,
         metrics: WorkerMetrics | None = None,
         writable: StoreWritable | None = None,
+        line_drain: int = LINE_DRAIN,
     ) -> None:
         self._engine = engine
+        self._line_drain = line_drain
         self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
         self._targets = targets
         self._policies = policies
@@ -166,8 +198,8 @@ class Deliverer:
             assert not isinstance(claimed, Recorded)
             if claimed is None:
                 return None
-            jobs = await self._attempt(claimed, slot)
-            return next((d for d in jobs if d.id == delivery_id), None)
+            ended = await self._attempt(claimed, slot)
+            return next((d for d in ended.jobs if d.id == delivery_id), None)
         finally:
             slot.free()
 
@@ -180,14 +212,26 @@ class Deliverer:
         ``writable``, which logs it once per outage, and its delivery waits in the database,
         due (or leased until its lease ends), for the sweepers.
 
-        A job must end within its lease (arq's job timeout), so an attempt that gets no slot
-        within half the lease margin is not made here: its lease is given back and it comes
-        back as a job of its own, at its due time (arq runs the oldest first)."""
-        deadline = asyncio.get_running_loop().time() + self._start_window
+        When an attempt's end lets the next delivery of its per-key line go, that one is
+        claimed and attempted next in this call, and so on down the line (up to
+        ``line_drain`` of them after each attempt here): a line drains without waiting for
+        the queue. The claim keeps every rule of the line (:mod:`relay.ordering`); should it
+        not take the delivery (another worker did, it is no longer free), the line is left to
+        whoever holds it. Past ``line_drain``, the next one is returned as its job.
+
+        A job must end within its lease (arq's job timeout), so no attempt starts here later
+        than half the lease margin after the call began (on the event loop's clock and on the
+        injected one): an attempt that gets no slot by then is not made, its lease is given
+        back and it comes back as a job of its own, at its due time (arq runs the oldest
+        first); the next of a line is then returned as its job."""
+        window = Window(
+            asyncio.get_running_loop().time() + self._start_window,
+            self._clock() + timedelta(seconds=self._start_window),
+        )
         claims = await self._outbox.submit_many(list(delivery_ids))
         results = await asyncio.gather(
             *(
-                self._attempt_by(claimed, deadline)
+                self._attempt_line(claimed, window)
                 for claimed in claims
                 if isinstance(claimed, Claim | BaseException)
             ),
@@ -201,23 +245,38 @@ class Deliverer:
             raise _with_next(errors[0], next_due)
         return next_due
 
-    async def _attempt_by(self, claimed: Claim | BaseException, deadline: float) -> list[Due]:
+    async def _attempt_line(self, claimed: Claim | BaseException, window: Window) -> list[Due]:
+        """Attempt ``claimed``, then the next of its per-key line that its end lets go, and so
+        on, while ``window`` is open and up to ``line_drain`` more; returns the next jobs."""
         if isinstance(claimed, BaseException):
             raise claimed
+        for drained in range(self._line_drain + 1):
+            more = drained < self._line_drain
+            ended = await self._attempt_by(claimed, window, more)
+            if ended.claimed_next is None:
+                follower = ended.next_in_line
+                return [*ended.jobs, follower] if follower is not None else ended.jobs
+            claimed = ended.claimed_next
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt_by(self, claimed: Claim, window: Window, more: bool = False) -> Ended:
+        """Attempt ``claimed`` once it has a slot (none by the window's end: its lease is
+        given back); ``more``: the line may go on, while the window is open, with the next
+        delivery claimed in the record's transaction."""
         try:
             if self._slots.free_now():
                 slot = await self._slots.take()  # at once
             else:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(window.loop_deadline):
                     slot = await self._slots.take()
         except TimeoutError:
             await self._outbox.submit(Release(claimed))
             delivery = claimed.delivery
             # its own job, due when it was due: ahead of newer jobs in the queue, and the id the
             # sweeper looks for (see :func:`relay.jobs.deliver_job_id`)
-            return [Due(delivery.id, delivery.attempts, delivery.next_attempt_at)]
+            return Ended([Due(delivery.id, delivery.attempts, delivery.next_attempt_at)])
         try:
-            return await self._attempt(claimed, slot)
+            return await self._attempt(claimed, slot, window if more else None)
         finally:
             slot.free()
 
@@ -294,10 +353,21 @@ class Deliverer:
         ]
         finished = [r.claimed.delivery for r, end in zip(records, ended, strict=True) if end]
         lines = await outbox.next_in_line(conn, finished, self._clock()) if finished else {}
-        return [
-            Recorded(mine, lines.get(_line(record)) if end else None)
-            for record, mine, end in zip(records, owned, ended, strict=True)
-        ]
+        follow = {
+            lines[_line(r)].id
+            for r, end in zip(records, ended, strict=True)
+            if end and r.claim_next and _line(r) in lines
+        }
+        claims = {}
+        if follow:
+            claims = await outbox.claim_on(conn, list(follow), self._clock(), self._lease)
+        answers = []
+        for record, mine, end in zip(records, owned, ended, strict=True):
+            after = lines.get(_line(record)) if end else None
+            # each claim to one record only (two ends of one line in a group: never in practice)
+            taken = claims.pop(after.id, None) if after and record.claim_next else None
+            answers.append(Recorded(mine, after, taken))
+        return answers
 
     async def _record_alone(self, record: AttemptRecord) -> Recorded | BaseException:
         try:
@@ -308,10 +378,11 @@ class Deliverer:
         self._writable.succeeded()
         return recorded
 
-    async def _attempt(self, claimed: Claim, slot: Slot) -> list[Due]:
+    async def _attempt(self, claimed: Claim, slot: Slot, window: Window | None = None) -> Ended:
         """Attempt a claimed delivery in its ``slot``, which is freed once the answer is in
         (the record waits for its group without holding it); returns its next job and the
-        one its end lets go next, if they are needed."""
+        one its end lets go next, if they are needed. While ``window`` is open when the
+        record is written, the latter is claimed in the record's transaction."""
         now = self._clock()
         delivery = claimed.delivery
         target = self._targets.get(delivery.destination)
@@ -323,7 +394,7 @@ class Deliverer:
                 next_attempt_at=None,
                 error=f"destination {delivery.destination!r} is not configured",
             )
-            return []
+            return Ended([])
         health = _health(claimed.health)
         if health.disabled:
             await outbox.release(
@@ -333,16 +404,16 @@ class Deliverer:
                 next_attempt_at=None,
                 error="destination disabled after 410 Gone; `relay destinations enable` resumes",
             )
-            return []
+            return Ended([])
         wait = hold_until(health, now)
         if wait is not None:
             if await outbox.release(self._engine, claimed, status=PENDING, next_attempt_at=wait):
-                return [Due(delivery.id, delivery.attempts, wait)]
-            return []
+                return Ended([Due(delivery.id, delivery.attempts, wait)])
+            return Ended([])
         policy = self._policies.get(delivery.policy) or self._policies[FALLBACK_POLICY]
         outcome = await self._send(claimed, target, policy)
         slot.answered()
-        return await self._record(claimed, policy, outcome)
+        return await self._record(claimed, policy, outcome, window)
 
     async def _send(
         self, claimed: Claim, target: Target, policy: Policy
@@ -362,8 +433,12 @@ class Deliverer:
         return started, outcome
 
     async def _record(
-        self, claimed: Claim, policy: Policy, sent: tuple[datetime, Outcome]
-    ) -> list[Due]:
+        self,
+        claimed: Claim,
+        policy: Policy,
+        sent: tuple[datetime, Outcome],
+        window: Window | None = None,
+    ) -> Ended:
         started, outcome = sent
         delivery = claimed.delivery
         finished = max(self._clock(), started)
@@ -392,8 +467,10 @@ class Deliverer:
             error=storable(outcome.error) if outcome.error else outcome.error,
             response_excerpt=outcome.response_excerpt,
         )
+        follow = window is not None and window.open(self._clock())
+        health = _on_rows(change) if change else None
         recorded = await self._outbox.submit(
-            AttemptRecord(claimed, result, status, next_at, _on_rows(change) if change else None)
+            AttemptRecord(claimed, result, status, next_at, health, claim_next=follow)
         )
         assert isinstance(recorded, Recorded)
         if not recorded.owned:
@@ -402,7 +479,7 @@ class Deliverer:
                 "gave the delivery up): the attempt is not recorded",
                 delivery.id,
             )
-            return []
+            return Ended([])
         if status == SUCCEEDED:
             figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
         if not outcome.ok:
@@ -429,9 +506,7 @@ class Deliverer:
                 delivery.attempts + 1,
             )
         jobs = [Due(delivery.id, delivery.attempts + 1, next_at)] if next_at else []
-        if recorded.next_in_line is not None:
-            jobs.append(recorded.next_in_line)
-        return jobs
+        return Ended(jobs, recorded.next_in_line, recorded.claimed_next)
 
 
 class AttemptsFailed(Exception):

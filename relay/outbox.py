@@ -19,7 +19,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.store import ReceivedEvent, insert_rows_async, new_id
-from relay.ordering import first_in_line, free_to_go
+from relay.ordering import LINES_PER_QUERY, first_in_line, first_of_each, free_to_go
 from relay.router import Router
 from relay.tables import (
     DEAD,
@@ -106,6 +106,9 @@ class AttemptRecord:
     status: str
     next_attempt_at: datetime | None
     health_change: HealthChange | None = None
+    claim_next: bool = False
+    """Whether the transaction that writes it also claims the delivery its end lets go next
+    in its per-key line (see :class:`relay.delivery.Deliverer`)."""
 
 
 def _insert(conn: AsyncConnection, table: Any) -> Any:
@@ -360,9 +363,9 @@ async def next_in_line(
     pending, due and not leased: its job, due when it was (ahead of newer jobs)."""
     lines = list({(d.destination, d.order_key) for d in finished if d.order_key is not None})
     found: dict[tuple[str, str], Due] = {}
-    for start in range(0, len(lines), LOOKUP_CHUNK):
-        chunk = lines[start : start + LOOKUP_CHUNK]
-        for row in await conn.execute(first_in_line(chunk)):
+    for start in range(0, len(lines), LINES_PER_QUERY):
+        chunk = lines[start : start + LINES_PER_QUERY]
+        for row in first_of_each(await conn.execute(first_in_line(chunk))).values():
             free = row.leased_until is None or row.leased_until < now
             if row.status == PENDING and row.next_attempt_at <= now and free:
                 found[(row.destination, row.order_key)] = Due(

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import SourceConfig
 from relay import outbox
-from relay.delivery import Deliverer, Target
+from relay.delivery import LINE_DRAIN, Deliverer, Target
 from relay.destinations import build_destination, new_http_client, parse_destination_config
 from relay.policies import PolicyConfigs, resolve_policies
 from relay.router import Router
@@ -71,6 +71,7 @@ class Relay:
         *,
         lease: timedelta = timedelta(minutes=1),
         concurrency: int = 50,
+        line_drain: int = LINE_DRAIN,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -89,6 +90,7 @@ class Relay:
             clock=clock,
             lease=lease,
             concurrency=concurrency,
+            line_drain=line_drain,
         )
 
     async def route_all(self) -> list[outbox.Due]:
