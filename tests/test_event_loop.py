@@ -143,7 +143,7 @@ async def test_relay_worker_says_which_loop_it_runs_on(
         finally:
             if process.returncode is None:
                 process.terminate()
-                await process.wait()
+                await process.communicate()  # reads what it still logs: a full pipe blocks it
     assert line.decode().rstrip().endswith(f"; event loop {kind}")
 
 
