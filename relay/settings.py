@@ -28,11 +28,11 @@ from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
 from receivers.sources import Network, SourceConfig, check_not_everyone
 from relay.console.config import ConsoleConfig
 from relay.counts import Count
+from relay.delivery.policies import Policy, PolicyConfigs, resolve_policies
 from relay.destinations.registry import DestinationConfig
 from relay.durations import Duration
-from relay.policies import Policy, PolicyConfigs, resolve_policies
-from relay.retention import platform_retry_window, shortest_retention
-from relay.router import PLATFORM_POLICY
+from relay.outbox.router import PLATFORM_POLICY
+from relay.store.retention import platform_retry_window, shortest_retention
 
 ENV_PREFIX = "RELAY_"
 """``RELAY_<KEY>`` overrides a top-level key of the file."""
@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     """A SQLite file's events are written by a process of its own (a speed trick; off: by the
     server's own process, as for PostgreSQL)."""
     retention: Duration | None = None
-    """How long events and quarantined bodies are kept (see :mod:`relay.retention`); None
+    """How long events and quarantined bodies are kept (see :mod:`relay.store.retention`); None
     (the default, or empty): for ever."""
     metrics_refresh_interval: Duration = timedelta(seconds=5)
     """The store's gauges on ``/metrics`` are read from the database at most this often."""

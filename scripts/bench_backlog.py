@@ -9,7 +9,7 @@ dropped at the end):
    bodies from the simulator's factories) and ``routed_events`` rows, are written with COPY, then
    ``VACUUM ANALYZE`` (what autovacuum would soon do);
 2. (a) one sweep with nothing due, timed ``--repeat`` times (median): ``Sweeper.sweep`` of a
-   worker built by ``relay.services.worker_services`` from the run's config, on a real Redis
+   worker built by ``relay.server.services.worker_services`` from the run's config, on a real Redis
    database (``--redis-url``, default ``redis://127.0.0.1:6379/13``); also its two queries alone
    (``outbox.unrouted_events``, ``outbox.due_deliveries``);
 3. ``--due`` (1,000) deliveries that are due now are added (COPY again, with their events);
@@ -20,7 +20,7 @@ dropped at the end):
    sends it (captured from the engine), with nothing due and with 1,000 due, and of the
    unrouted-events query: the plan, its time, and whether ``ix_deliveries_due`` is used;
 5. (c) the 1,000 due deliveries claimed, attempted and recorded by the worker's
-   ``relay.delivery.Deliverer`` (``attempt(id)``: a claim, POST to the recording sink
+   ``relay.delivery.deliverer.Deliverer`` (``attempt(id)``: a claim, POST to the recording sink
    ``scripts/sink_app.py``, a record; concurrent attempts share those transactions),
    ``--concurrency`` (50, the default
    ``worker_concurrency``) at once, without arq in between: deliveries/s and p50/p99 per
@@ -86,11 +86,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import ReceivedEvent, create_engine, new_id, utc_now
 from relay import outbox
-from relay.jobs import QUEUE_NAME
-from relay.router import PLATFORM_POLICY, Router
-from relay.services import WorkerServices, worker_services
+from relay.dispatch.jobs import QUEUE_NAME
+from relay.outbox.router import PLATFORM_POLICY, Router
+from relay.outbox.sweeper import BATCH, ROUTE_GRACE
+from relay.server.services import WorkerServices, worker_services
 from relay.settings import load_settings
-from relay.sweeper import BATCH, ROUTE_GRACE
 
 T = TypeVar("T")
 

@@ -55,7 +55,7 @@ from benchlib import (
 
 from receivers.ids import new_ids
 from receivers.store import create_engine
-from relay import migrate
+from relay.store import migrate
 
 USER, PASSWORD = "bench", "a password for the bench"
 DESTINATIONS = ("orders", "archive", "crm", "analytics")

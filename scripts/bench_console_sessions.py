@@ -33,11 +33,11 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from receivers.store import create_engine
-from relay import migrate
 from relay.console.app import console_app
 from relay.console.sessions import SESSION_COOKIE, SESSIONS, Sessions, session_id
 from relay.console.users import Users
 from relay.outbox import Due
+from relay.store import migrate
 
 USER, PASSWORD, KEY = "bench", "a password for the bench", "a key for the bench"
 LIFETIME = timedelta(hours=12)

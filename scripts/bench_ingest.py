@@ -9,8 +9,9 @@ b) the real receiver: ``relay serve --no-access-log --log-level warning`` on a f
    durably before its 200.
 
 Both listen on 127.0.0.1 only, with the same uvicorn options: by default (``--baseline
-guarded``) the no-op is served as `relay serve` serves the receivers (``relay.serve.server_config``:
-httptools behind the connection guard with its default limits, access log off, log level
+guarded``) the no-op is served as `relay serve` serves the receivers
+(``relay.server.serve.server_config``: httptools behind the connection guard with its default
+limits, access log off, log level
 warning, no proxy headers, no server header, uvloop), so the guard's cost is on both sides of the
 ratio; ``--baseline uvicorn`` serves it with plain ``python -m uvicorn`` (loop and http ``auto``,
 the same options otherwise), as releases before the guard did, which puts the guard's cost in

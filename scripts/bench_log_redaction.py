@@ -19,8 +19,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from relay.known_secrets import KnownSecrets
-from relay.logs import CONTEXT_FIELDS, JsonLines, Redaction, TextLines
+from relay.observe.known_secrets import KnownSecrets
+from relay.observe.logs import CONTEXT_FIELDS, JsonLines, Redaction, TextLines
 
 LINES: dict[str, tuple[str, str, tuple[object, ...], dict[str, object]]] = {
     "httpx delivery": (

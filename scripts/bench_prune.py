@@ -8,10 +8,11 @@ received over 60 days, routed to one destination, and its delivery succeeded aft
 (written in bulk with the store's ``insert_rows_async``; PostgreSQL is then ``VACUUM ANALYZE``d,
 as autovacuum would). At each size, with the cutoff halfway through those 60 days:
 
-1. batch: ``relay.retention.prune`` is run for ``--batches`` batches (``BATCH_EVENTS`` events
+1. batch: ``relay.store.retention.prune`` is run for ``--batches`` batches (``BATCH_EVENTS`` events
    each) and stopped; a batch's time is from the end of one removal to the end of the next (the
    query that finds the next page, then its transaction): the median is reported;
-2. count: ``relay.retention.count_prunable`` (what ``relay store prune --dry-run`` runs), once;
+2. count: ``relay.store.retention.count_prunable`` (what ``relay store prune --dry-run`` runs),
+   once;
 3. skip: the deliveries of the oldest 10 % of the events are made pending (they must stay), and
    the time until the first batch is removed is measured: the one page query of a pass that
    passes over them. They are made succeeded again afterwards.
@@ -45,8 +46,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import new_ids
 from receivers.store import insert_rows_async
-from relay import outbox, retention
-from relay.tables import PENDING, SUCCEEDED
+from relay import outbox
+from relay.outbox.tables import PENDING, SUCCEEDED
+from relay.store import retention
 
 DEFAULT_PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -50,8 +50,8 @@ Figures:
 - out_of_order (b): events whose first arrival at the sink came before the first arrival of an
   event of the same order key that the receivers received earlier (``received_at``, ties broken
   by the event id, as the relay orders a key's line). The key of each event is its platform id
-  (``relay.order_keys.platform_id`` of the payload this script generated), mapped to the event
-  id by the receivers' acknowledgement of that request; ``received_at`` is the envelope's, as
+  (``relay.outbox.order_keys.platform_id`` of the payload this script generated), mapped to the
+  event id by the receivers' acknowledgement of that request; ``received_at`` is the envelope's, as
   the sink saw it. Must be 0 with ``ordering = "per-key"``; informative with ``none`` (and 0
   whenever every event has a key of its own);
 - lost: events the receivers acknowledged (200 with their id) that the sink never saw (by
@@ -143,15 +143,15 @@ from receivers.event_loop import loop_factory as worker_loop_factory
 from relay.destinations.http import USER_AGENT, new_http_client
 from relay.destinations.message_headers import MessageHeaders
 from relay.destinations.outbound import JSON_CONTENT_TYPE, Outbound, envelope_bytes
-from relay.jobs import QUEUE_NAME
-from relay.services import HTTP_LIMITS
+from relay.dispatch.jobs import QUEUE_NAME
+from relay.server.services import HTTP_LIMITS
 from relay.simulator import factories
 
 REDIS_PORT = 6379
 SINK_PATH = "/relay"
 SOURCE = "default"
 WORKER_HEALTH_KEY = QUEUE_NAME + health_check_key_suffix  # set by arq after on_startup
-# The worker's HTTP pool (relay.services.worker_services); the baseline uses the same limits.
+# The worker's HTTP pool (relay.server.services.worker_services); the baseline uses the same limits.
 SETTLE_SECONDS = 10.0  # untimed wait for the deliveries' statuses in SQL to become final
 RECORDS_MARGIN_SECONDS = 10.0  # kept from the overall --timeout to fetch the records and report
 KIND_BY_PATH = {

@@ -405,7 +405,7 @@ GUARDED_SERVER = """
 import sys
 import uvicorn
 from uvicorn.importer import import_from_string
-from relay.serve import server_config
+from relay.server.serve import server_config
 from relay.settings import Settings
 app_dir, app_path, host, port = sys.argv[1:]
 sys.path.insert(0, app_dir)
@@ -417,7 +417,7 @@ uvicorn.Server(config).run()
 
 def guarded_uvicorn_argv(app: str, port: int) -> list[str]:
     """One uvicorn worker serving ``module:attribute`` from this directory exactly as `relay
-    serve` runs its receivers (``relay.serve.server_config``: httptools behind the connection
+    serve` runs its receivers (``relay.server.serve.server_config``: httptools behind the connection
     guard, default limits, access log off, log level warning); loop and lifespan as
     :func:`uvicorn_argv`."""
     return [sys.executable, "-c", GUARDED_SERVER, str(SCRIPTS_DIR), app, HOST, str(port)]
@@ -559,7 +559,7 @@ async def fresh_store(backend: str, admin_dsn: str, prefix: str) -> AsyncIterato
     """A migrated, empty store of a run's own: a SQLite file in a temporary directory, or a
     PostgreSQL database ``<prefix>_<random>`` made through ``admin_dsn``, dropped at the end."""
     from receivers.store import create_engine
-    from relay import migrate
+    from relay.store import migrate
 
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix=f"{prefix}-") as directory:

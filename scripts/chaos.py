@@ -176,7 +176,7 @@ from broker_bench import BROKERS, BrokerOutage, toml_table
 
 from receivers.dedup import dedup_key
 from receivers.kinds import kind_for
-from relay.jobs import QUEUE_NAME
+from relay.dispatch.jobs import QUEUE_NAME
 from relay.simulator.clocks import ScaledClock
 from relay.simulator.platform import CallbackResult, Platform
 from relay.simulator.run import RunOptions, run_units
@@ -751,8 +751,8 @@ class Store:
     async def read(cls, dsn: str) -> Store:
         conn = await asyncpg.connect(dsn, timeout=10)
         try:
-            # The order the relay's per-key lines follow (relay.ordering): arrival, then the id,
-            # both compared by PostgreSQL.
+            # The order the relay's per-key lines follow (relay.outbox.ordering): arrival, then the
+            # id, both compared by PostgreSQL.
             events = await conn.fetch(
                 "SELECT e.id, e.received_at, e.kind, e.event_name, e.platform_id, "
                 "d.order_key, d.status, d.attempts "

@@ -12,7 +12,7 @@ created through ``--pg-admin-dsn``, dropped at the end), both migrated:
 2. the store's size is read: SQLite's used pages (``page_count - freelist_count``, after a WAL
    checkpoint) and its file; PostgreSQL's ``pg_total_relation_size`` of every table (heap,
    TOAST and indexes). The cost of one event is the growth over the empty store, divided by N;
-3. everything is pruned (``relay.retention.prune``); the sizes are read again (SQLite's file,
+3. everything is pruned (``relay.store.retention.prune``); the sizes are read again (SQLite's file,
    PostgreSQL's tables before and after a plain ``VACUUM``), then N more events are stored the
    same way, to show whether the freed space is used again.
 
@@ -39,11 +39,12 @@ from sqlalchemy import insert, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import ReceiverConfig, SourceConfig, create_app
-from relay import outbox, retention
+from relay import outbox
 from relay.destinations import parse_destination_config
-from relay.router import Router
+from relay.outbox.router import Router
+from relay.outbox.tables import SUCCEEDED
 from relay.simulator import factories
-from relay.tables import SUCCEEDED
+from relay.store import retention
 
 DEFAULT_PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_SIZES = (1024, 16 * 1024, 256 * 1024, 1024 * 1024)

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import ReceiverConfig, SourceConfig, create_app
 from receivers.store.engine import create_engine
-from relay import migrate
+from relay.store import migrate
 
 if TYPE_CHECKING:
     from tests.amqp_support import Rabbit

@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import SourceConfig
 from relay import outbox
-from relay.delivery import LINE_DRAIN, Deliverer, Target
+from relay.delivery.deliverer import LINE_DRAIN, Deliverer, Target
+from relay.delivery.policies import PolicyConfigs, resolve_policies
 from relay.destinations import build_destination, new_http_client, parse_destination_config
-from relay.policies import PolicyConfigs, resolve_policies
-from relay.router import Router
+from relay.outbox.router import Router
 from tests.conftest import TOKEN, running_client
 
 START = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)

@@ -15,8 +15,8 @@ from receivers.store.batches import in_transaction, write_items
 from receivers.store.records import Receipt, StoreUnavailable
 from relay import outbox
 from relay.destinations import parse_destination_config
-from relay.router import Router
-from relay.tables import DEAD, SUCCEEDED
+from relay.outbox.router import Router
+from relay.outbox.tables import DEAD, SUCCEEDED
 from tests.store_support import arrival, rejection
 
 EVENTS = outbox.EVENTS

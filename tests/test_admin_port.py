@@ -20,8 +20,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
 from receivers.problems import PROBLEM_MEDIA_TYPE
-from relay.admin_listener import AdminSplit
-from relay.runtime import start
+from relay.server.admin_listener import AdminSplit
+from relay.server.runtime import start
 from relay.settings import Settings, SettingsError, load_settings
 from relay.simulator import factories
 from tests.conftest import TOKEN

@@ -34,7 +34,7 @@ from receivers.store.batches import (
 )
 from receivers.store.engine import create_engine, json_text
 from receivers.store.records import Identity, Receipt, StoreUnavailable
-from relay import migrate
+from relay.store import migrate
 from tests.store_support import (
     EVENTS,
     NOW,

@@ -10,7 +10,7 @@ from freezegun import freeze_time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.breaker import (
+from relay.delivery.breaker import (
     DestinationHealth,
     after_failure,
     after_gone,
@@ -19,7 +19,7 @@ from relay.breaker import (
     enabled,
     hold_until,
 )
-from relay.policies import BUILTIN_POLICIES, attempt_times
+from relay.delivery.policies import BUILTIN_POLICIES, attempt_times
 
 START = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 SMS = BUILTIN_POLICIES["platform-sms"]

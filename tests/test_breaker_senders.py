@@ -13,9 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.responses import Response
 
-from relay import inspect, outbox
+from relay import outbox
+from relay.outbox.tables import DEAD, SUCCEEDED
 from relay.simulator import factories
-from relay.tables import DEAD, SUCCEEDED
+from relay.store import inspect
 from tests.relay_support import Clock, Relay, store_events
 from tests.support import Answer, Sink, free_port, serving
 

@@ -262,7 +262,8 @@ def _loaded_by_a_fresh_import() -> set[str]:
     import subprocess
 
     code = (
-        "import sys, relay.settings, relay.destinations, relay.services, relay.runtime;"
+        "import sys, relay.settings, relay.destinations, relay.server.services,"
+        " relay.server.runtime;"
         "print(' '.join(m for m in ('aio_pika', 'nats', 'aiomqtt', 'paho') if m in sys.modules))"
     )
     found = subprocess.run(

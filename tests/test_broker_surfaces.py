@@ -15,15 +15,16 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay import inspect, outbox
-from relay import services as services_module
+from relay import outbox
 from relay.cli import main
 from relay.dispatch.in_process import InProcessDispatcher
-from relay.metrics import WorkerMetrics
-from relay.services import router_for, worker_services
+from relay.observe.metrics import WorkerMetrics
+from relay.outbox.tables import PENDING
+from relay.server import services as services_module
+from relay.server.services import router_for, worker_services
 from relay.settings import Settings
 from relay.simulator import factories
-from relay.tables import PENDING
+from relay.store import inspect
 from tests.conftest import TOKEN
 from tests.console_support import console_client
 from tests.relay_support import Clock, store_events

@@ -18,12 +18,12 @@ from sqlalchemy.engine import make_url
 from receivers.config import SOURCE_NAME_LENGTH
 from receivers.store.engine import create_engine
 from receivers.store.tables import ReceivedEvent, RejectedBody
-from relay import migrate
-from relay.bootstrap import generated_token
 from relay.cli import main
+from relay.outbox.tables import Delivery, DestinationState
+from relay.server.bootstrap import generated_token
 from relay.settings import NAME_LENGTH, SettingsError, config_path, load_settings
 from relay.simulator import factories
-from relay.tables import Delivery, DestinationState
+from relay.store import migrate
 from tests.conftest import PG_ADMIN_DSN, TOKEN, running_client, service_missing
 from tests.store_support import child_environment
 from tests.support import free_port

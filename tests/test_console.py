@@ -16,8 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.store import RejectedBody
 from relay import outbox
 from relay.console.sessions import SESSION_COOKIE
+from relay.outbox.tables import DEAD, HELD, PENDING
 from relay.simulator import factories
-from relay.tables import DEAD, HELD, PENDING
 from tests.conftest import TOKEN, running_client
 from tests.console_support import PASSWORD, USER, ConsoleClient, console_client
 from tests.relay_support import START, Clock, Relay, store_events

@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay.breaker import DestinationHealth
 from relay.console.health import Problem, Recent, problems
+from relay.delivery.breaker import DestinationHealth
 from relay.simulator import factories
 from tests.console_support import ConsoleClient, console_client
 from tests.relay_support import START, Clock, Relay, store_events

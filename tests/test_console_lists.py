@@ -27,13 +27,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.ids import new_ids
 from receivers.store import ReceivedEvent, RejectedBody, create_engine
 from receivers.store import queries as store_queries
-from relay import inspect as relay_inspect
-from relay import migrate
 from relay.cli import main
 from relay.console import queries
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
 from relay.outbox import DELIVERIES, ROUTED
-from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
+from relay.outbox.tables import DEAD, HELD, PENDING, SUCCEEDED
+from relay.store import inspect as relay_inspect
+from relay.store import migrate
 from tests.conftest import TOKEN, create_postgres_database, drop_postgres_database
 from tests.console_support import ConsoleClient, console_client
 from tests.relay_support import START, Clock

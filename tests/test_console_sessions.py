@@ -21,9 +21,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
-from relay import migrate
 from relay.cli import main
 from relay.console.sessions import SESSION_COOKIE, SESSIONS
+from relay.store import migrate
 from tests.console_support import (
     LOGIN_TOKEN,
     PASSWORD,

@@ -25,16 +25,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers import StoredEvent
 from receivers.store import create_engine, is_unavailable
 from relay import outbox
-from relay.delivery import Deliverer, Target
+from relay.delivery.deliverer import Deliverer, Target
+from relay.delivery.policies import resolve_policies
 from relay.destinations import build_destination, new_http_client, parse_destination_config
 from relay.dispatch.in_process import InProcessDispatcher
-from relay.metrics import WorkerMetrics
-from relay.policies import resolve_policies
-from relay.router import Router
-from relay.services import RoutingHook
+from relay.observe.metrics import WorkerMetrics
+from relay.outbox.hook import RoutingHook
+from relay.outbox.router import Router
+from relay.outbox.sweeper import Sweeper
+from relay.outbox.tables import SUCCEEDED, Delivery
 from relay.simulator import factories
-from relay.sweeper import Sweeper
-from relay.tables import SUCCEEDED, Delivery
 from tests.conftest import TABLES
 from tests.outage_support import Gate, gate_to, postgres_refusing_logins
 from tests.relay_support import Clock, store_events

@@ -23,12 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.kinds import kinds_by_path
 from receivers.store.engine import create_engine
-from relay import migrate
-from relay.bootstrap import DEFAULT_TOKEN_KEY, SETTINGS, generated_token, kept_token
 from relay.cli import main
-from relay.runtime import start
+from relay.server.bootstrap import DEFAULT_TOKEN_KEY, SETTINGS, generated_token, kept_token
+from relay.server.runtime import start
 from relay.settings import Settings, SettingsError
 from relay.simulator import factories
+from relay.store import migrate
 from tests.conftest import TOKEN, create_postgres_database, drop_postgres_database, running_client
 from tests.console_support import ConsoleClient
 from tests.store_support import blocking_eventually, child_environment, stored_events

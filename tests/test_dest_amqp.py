@@ -21,7 +21,6 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks.webhooks import Webhook
 
-from relay import inspect
 from relay.destinations import (
     Destination,
     Outcome,
@@ -32,9 +31,10 @@ from relay.destinations import (
 from relay.destinations.amqp import AmqpDestination
 from relay.destinations.amqp_config import AmqpDestinationConfig
 from relay.destinations.templates import NameTemplate
-from relay.runtime import start
+from relay.outbox.tables import PENDING
+from relay.server.runtime import start
 from relay.settings import Settings
-from relay.tables import PENDING
+from relay.store import inspect
 from scripts import broker_amqp
 from tests.amqp_support import (
     Rabbit,

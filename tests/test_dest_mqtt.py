@@ -22,15 +22,15 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks.webhooks import Webhook
 
-from relay import inspect
 from relay.destinations import parse_destination_config
 from relay.destinations.mqtt import CLIENT_ID_PREFIX, MqttDestination
 from relay.destinations.mqtt_config import MqttDestinationConfig
 from relay.destinations.outbound import FORM_CONTENT_TYPE, envelope_bytes
 from relay.destinations.signing import generate_secret
-from relay.runtime import start
+from relay.outbox.tables import SUCCEEDED
+from relay.server.runtime import start
 from relay.settings import Settings
-from relay.tables import SUCCEEDED
+from relay.store import inspect
 from scripts import broker_mqtt
 from tests.conftest import REDIS_URL
 from tests.mqtt_support import (

@@ -26,16 +26,16 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks.webhooks import Webhook
 
-from relay import inspect
 from relay.destinations.errors import DestinationRefused
 from relay.destinations.nats_config import NatsDestinationConfig
 from relay.destinations.nats_jetstream import JETSTREAM_DISABLED, NatsDestination
 from relay.destinations.outbound import envelope_bytes
 from relay.destinations.outcome import Outcome
 from relay.destinations.signing import generate_secret
-from relay.runtime import start
+from relay.outbox.tables import SUCCEEDED
+from relay.server.runtime import start
 from relay.settings import Settings
-from relay.tables import SUCCEEDED
+from relay.store import inspect
 from scripts import broker_nats
 from tests.conftest import REDIS_URL, TOKEN
 from tests.nats_support import (

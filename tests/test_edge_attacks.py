@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from relay.connection_guard import ConnectionGuard, EdgeLimits
-from relay.serve import SHUTDOWN_SECONDS, server_config
+from relay.server.connection_guard import ConnectionGuard, EdgeLimits
+from relay.server.serve import SHUTDOWN_SECONDS, server_config
 from relay.settings import Settings, SettingsError, load_settings
 from relay.simulator import factories
 from tests.conftest import TOKEN

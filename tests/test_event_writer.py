@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.store.engine import create_engine
 from receivers.store.records import Receipt, StoredEvent, StoreUnavailable
 from receivers.store.writer import EventWriter
-from relay import migrate
+from relay.store import migrate
 from tests.store_support import (
     NOW,
     arrival,

@@ -24,16 +24,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import StoredEvent
 from receivers.store.engine import create_engine
-from relay import migrate, outbox
+from relay import outbox
 from relay.cli import main
 from relay.destinations import parse_destination_config
 from relay.dispatch.in_process import InProcessDispatcher
-from relay.metrics import WorkerMetrics
-from relay.router import Router
-from relay.services import RoutingHook
+from relay.observe.metrics import WorkerMetrics
+from relay.outbox.hook import RoutingHook
+from relay.outbox.router import Router
+from relay.outbox.sweeper import Sweeper
+from relay.outbox.tables import DEAD, SUCCEEDED, Delivery
 from relay.simulator import factories
-from relay.sweeper import Sweeper
-from relay.tables import DEAD, SUCCEEDED, Delivery
+from relay.store import migrate
 from tests.conftest import TOKEN, running_client
 from tests.console_support import console_client
 from tests.full_store_support import (

@@ -20,9 +20,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
-from relay import migrate
+from relay.outbox.tables import SUCCEEDED, Delivery
 from relay.simulator import factories
-from relay.tables import SUCCEEDED, Delivery
+from relay.store import migrate
 from tests.conftest import (
     TOKEN,
     create_postgres_database,

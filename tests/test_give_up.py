@@ -20,13 +20,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.responses import Response
 
-from relay import inspect, outbox, progress
+from relay import outbox
 from relay.cli import main
 from relay.commands.give_up import os_user
-from relay.give_up import give_up
-from relay.jobs import QUEUE_NAME
+from relay.delivery.give_up import give_up
+from relay.dispatch.jobs import QUEUE_NAME
+from relay.observe import progress
+from relay.outbox.tables import DEAD, HELD, PENDING, SUCCEEDED
 from relay.simulator import factories
-from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
+from relay.store import inspect
 from tests.conftest import REDIS_URL, TOKEN
 from tests.console_support import USER, ConsoleClient, console_client
 from tests.relay_support import Clock, Relay, store_events

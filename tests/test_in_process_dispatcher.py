@@ -11,14 +11,14 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay import outbox
-from relay.delivery import AttemptsFailed
+from relay.delivery.deliverer import AttemptsFailed
 from relay.destinations import parse_destination_config
 from relay.dispatch.in_process import InProcessDispatcher
+from relay.dispatch.worker import attempt_with
 from relay.outbox import Due
-from relay.router import Router
+from relay.outbox.router import Router
+from relay.outbox.sweeper import Sweeper
 from relay.simulator import factories
-from relay.sweeper import Sweeper
-from relay.worker import attempt_with
 from tests.relay_support import START, Clock, store_events
 from tests.store_support import eventually, within
 

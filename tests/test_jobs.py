@@ -13,9 +13,9 @@ from arq.connections import ArqRedis
 from arq.constants import job_key_prefix
 from redis.exceptions import ResponseError
 
-from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
+from relay.dispatch.jobs import QUEUE_NAME, JobQueue, deliver_job_id
+from relay.dispatch.queue_connection import QueueConnection, QueueUnavailable
 from relay.outbox import Due
-from relay.queue_connection import QueueConnection, QueueUnavailable
 from tests.relay_support import fake_arq_pool
 from tests.store_support import within
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from relay.known_secrets import MIN_MASKED_LENGTH, KnownSecrets, known_secrets, url_secrets
-from relay.log_redaction import is_secret_name
+from relay.observe.known_secrets import MIN_MASKED_LENGTH, KnownSecrets, known_secrets, url_secrets
+from relay.observe.log_redaction import is_secret_name
 from relay.settings import Settings
 from tests.secrets_support import (
     Services,

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from starlette.applications import Starlette
 
 from relay.cli import main
-from relay.listening import listening
-from relay.serve import ListeningServer, server_config
+from relay.server.listening import listening
+from relay.server.serve import ListeningServer, server_config
 from relay.settings import Settings, SettingsError
 from tests.store_support import blocking_eventually, child_environment
 from tests.support import free_port, stop_process

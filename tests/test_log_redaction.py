@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from relay.log_redaction import SECRET_ENDINGS, SECRET_NAMES, redact
-from relay.logs import TextLines
+from relay.observe.log_redaction import SECRET_ENDINGS, SECRET_NAMES, redact
+from relay.observe.logs import TextLines
 
 SECRET = "tok-AAAAAAAAAAAAAAAA-0123"
 

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
-from relay.known_secrets import KnownSecrets
-from relay.logs import configure_logging
+from relay.dispatch.worker import started_line
+from relay.observe.known_secrets import KnownSecrets
+from relay.observe.logs import configure_logging
 from relay.settings import Settings
-from relay.worker import started_line
 from tests.conftest import TOKEN
 from tests.store_support import child_environment
 from tests.support import free_port

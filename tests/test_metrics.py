@@ -23,19 +23,20 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import create_engine, utc_now
-from relay import migrate, outbox
+from relay import outbox
 from relay.cli import main
-from relay.delivery import Deliverer, Target
+from relay.delivery.deliverer import Deliverer, Target
+from relay.delivery.policies import PolicyConfigs, resolve_policies
 from relay.destinations import build_destination, new_http_client, parse_destination_config
 from relay.dispatch.in_process import InProcessDispatcher
-from relay.metrics import StoreFigures, WorkerMetrics, metrics_server
+from relay.observe.metrics import StoreFigures, WorkerMetrics, metrics_server
 from relay.outbox import Due
-from relay.policies import PolicyConfigs, resolve_policies
-from relay.router import Router
-from relay.runtime import start
+from relay.outbox.router import Router
+from relay.outbox.sweeper import Sweeper
+from relay.server.runtime import start
 from relay.settings import Settings, SettingsError
 from relay.simulator import factories
-from relay.sweeper import Sweeper
+from relay.store import migrate
 from tests.conftest import TOKEN, running_client, service_missing
 from tests.metrics_support import sample
 from tests.relay_support import Clock, store_events
@@ -330,8 +331,8 @@ def test_worker_takes_its_metrics_port_from_the_environment(
     async def run_worker(settings: Settings, **options: Any) -> None:
         calls.append(options)
 
-    monkeypatch.setattr("relay.runtime.run_worker", run_worker)
-    monkeypatch.setattr("relay.worker.shorten_switch_interval", lambda: None)
+    monkeypatch.setattr("relay.server.runtime.run_worker", run_worker)
+    monkeypatch.setattr("relay.dispatch.worker.shorten_switch_interval", lambda: None)
     monkeypatch.setattr("relay.commands.process.configure_logging", lambda *args: None)
     for name in ("RELAY_METRICS_PORT", "RELAY_METRICS_HOST"):
         monkeypatch.delenv(name, raising=False)

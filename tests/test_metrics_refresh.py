@@ -23,13 +23,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.metrics import Metrics
 from receivers.store import create_engine, utc_now
-from relay import migrate, outbox
+from relay import outbox
 from relay.destinations import parse_destination_config
-from relay.metrics import StoreFigures
-from relay.router import Router
-from relay.runtime import start
+from relay.observe.metrics import StoreFigures
+from relay.outbox.router import Router
+from relay.server.runtime import start
 from relay.settings import Settings, SettingsError, load_settings
 from relay.simulator import factories
+from relay.store import migrate
 from tests.conftest import TOKEN, create_postgres_database, drop_postgres_database
 from tests.metrics_support import sample
 from tests.relay_support import Clock, store_events

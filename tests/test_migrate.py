@@ -20,12 +20,12 @@ from sqlmodel import SQLModel
 from receivers.store import engine as store_engine
 from receivers.store import tables as receiver_tables  # noqa: F401  (registers every table)
 from receivers.store.engine import create_engine
-from relay import migrate
-from relay import tables as relay_tables  # noqa: F401
 from relay.console import tables as console_tables  # noqa: F401
 from relay.console.queries import LISTED_INDEX
-from relay.runtime import prepare_database, require_current_schema
+from relay.outbox import tables as relay_tables  # noqa: F401
+from relay.server.runtime import prepare_database, require_current_schema
 from relay.settings import SettingsError
+from relay.store import migrate
 from tests.conftest import create_postgres_database, drop_postgres_database
 
 TOGETHER = 3

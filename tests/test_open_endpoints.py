@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from receivers.readiness import DatabasePing
 from receivers.store import create_engine, utc_now
-from relay.runtime import start
+from relay.server.runtime import start
 from relay.settings import Settings
 from tests.conftest import TOKEN
 from tests.relay_support import Clock

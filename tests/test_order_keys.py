@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from relay.destinations import parse_destination_config
-from relay.order_keys import OrderKey
+from relay.outbox.order_keys import OrderKey
 from relay.settings import SettingsError, load_settings
 from relay.simulator import factories
 

@@ -22,9 +22,10 @@ from starlette.responses import Response
 
 from receivers import SourceConfig
 from receivers.store import create_engine
-from relay import inspect, outbox
+from relay import outbox
+from relay.outbox.tables import DEAD, PENDING, SUCCEEDED, Delivery
 from relay.simulator import factories
-from relay.tables import DEAD, PENDING, SUCCEEDED, Delivery
+from relay.store import inspect
 from tests.conftest import TOKEN, running_client
 from tests.console_support import console_client
 from tests.relay_support import Clock, Relay, store_events

@@ -11,9 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receivers import SourceConfig
-from relay import inspect, outbox
-from relay.delivery import LINE_DRAIN
-from relay.tables import PENDING, SUCCEEDED
+from relay import outbox
+from relay.delivery.deliverer import LINE_DRAIN
+from relay.outbox.tables import PENDING, SUCCEEDED
+from relay.store import inspect
 from tests.conftest import TOKEN, running_client
 from tests.relay_support import Clock, Relay
 from tests.support import Answer, Sink, serving

@@ -11,12 +11,12 @@ import pytest
 from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay import inspect
-from relay.delivery import Deliverer, Target
+from relay.delivery.deliverer import Deliverer, Target
+from relay.delivery.policies import PolicyConfigs, resolve_policies
 from relay.destinations import Outbound, Outcome
-from relay.policies import PolicyConfigs, resolve_policies
+from relay.outbox.tables import DEAD, PENDING, SUCCEEDED
 from relay.simulator import factories
-from relay.tables import DEAD, PENDING, SUCCEEDED
+from relay.store import inspect
 from tests.conftest import TOKEN, running_client
 from tests.relay_support import START, Clock, Relay
 from tests.support import Sink

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from relay.breaker import DestinationHealth, after_failure, hold_until
-from relay.policies import (
+from relay.delivery.breaker import DestinationHealth, after_failure, hold_until
+from relay.delivery.policies import (
     BUILTIN_POLICIES,
     DelaysPolicy,
     ExponentialPolicy,

@@ -22,13 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.store import create_engine
 from relay import outbox
 from relay.dispatch.in_process import InProcessDispatcher
-from relay.pruner import PRUNE_LOCK, Pruner
-from relay.retention import Pruned
-from relay.runtime import Runtime, close_worker, start
-from relay.services import worker_services
+from relay.dispatch.worker import build_worker
+from relay.server.runtime import Runtime, close_worker, start
+from relay.server.services import worker_services
 from relay.settings import Settings
 from relay.simulator import factories
-from relay.worker import build_worker
+from relay.store.pruner import PRUNE_LOCK, Pruner
+from relay.store.retention import Pruned
 from tests.conftest import REDIS_URL, TABLES, TOKEN, running_client
 from tests.relay_support import START, Clock
 from tests.retention_support import Planned, event_with, left, router

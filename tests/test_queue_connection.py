@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from relay.outage import Outage, duration_text
-from relay.queue_connection import Backoff, QueueConnection
+from relay.dispatch.outage import Outage, duration_text
+from relay.dispatch.queue_connection import Backoff, QueueConnection
 from tests.store_support import within
 
 PASSWORD = "hunter2-never-shown"

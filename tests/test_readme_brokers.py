@@ -20,7 +20,7 @@ import nats
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay.runtime import start
+from relay.server.runtime import start
 from tests.conftest import REDIS_URL, service_missing
 from tests.test_relay_e2e import eventually, post_events, quick_settings, serving, worker_on
 

@@ -30,13 +30,14 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import create_engine
-from relay import migrate, outbox
+from relay import outbox
 from relay.destinations import parse_destination_config
-from relay.jobs import QUEUE_NAME, JobQueue, open_pool
-from relay.queue_connection import QueueConnection
-from relay.router import Router
+from relay.dispatch.jobs import QUEUE_NAME, JobQueue, open_pool
+from relay.dispatch.queue_connection import QueueConnection
+from relay.outbox.router import Router
+from relay.outbox.sweeper import Sweeper
 from relay.simulator import factories
-from relay.sweeper import Sweeper
+from relay.store import migrate
 from tests.conftest import (
     PG_ADMIN_DSN,
     TOKEN,

@@ -18,15 +18,16 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store import Coalescer
-from relay import inspect, outbox
-from relay.delivery import Slot, Slots
+from relay import outbox
+from relay.delivery.deliverer import Slot, Slots
 from relay.destinations.http import new_http_client
 from relay.destinations.shards import ShardedTransport
-from relay.jobs import QUEUE_NAME, JobQueue, deliver_job_id
+from relay.dispatch.jobs import QUEUE_NAME, JobQueue, deliver_job_id
+from relay.dispatch.worker import RelayWorker, not_this_job
 from relay.outbox import DELIVERIES, JOB_BATCH, AttemptRecord, AttemptResult, Due
+from relay.outbox.tables import SUCCEEDED
 from relay.simulator import factories
-from relay.tables import SUCCEEDED
-from relay.worker import RelayWorker, not_this_job
+from relay.store import inspect
 from tests.relay_support import START, Clock, Relay, fake_arq_pool, store_events
 from tests.support import Answer, Sink
 

@@ -14,12 +14,15 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
-from relay import inspect, migrate, outbox, progress
+from relay import outbox
 from relay.cli import main
 from relay.commands import outbox as outbox_commands
-from relay.jobs import QUEUE_NAME
+from relay.dispatch.jobs import QUEUE_NAME
+from relay.observe import progress
+from relay.outbox import replaying
+from relay.outbox.tables import DEAD, PENDING
 from relay.simulator import factories
-from relay.tables import DEAD, PENDING
+from relay.store import inspect, migrate
 from tests.conftest import TOKEN
 from tests.relay_support import Clock, Relay, store_events
 from tests.support import Answer, Sink, free_port, serving
@@ -178,7 +181,7 @@ async def test_replay_works_in_chunks_and_tells_its_progress(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = await dead_deliveries(engine, 5)
-    monkeypatch.setattr(outbox, "LOOKUP_CHUNK", 2)
+    monkeypatch.setattr(replaying, "LOOKUP_CHUNK", 2)
     told: list[tuple[int, int]] = []
 
     due = await outbox.replay(
@@ -226,7 +229,7 @@ def test_replay_shows_a_progress_bar_on_a_terminal_only(
 ) -> None:
     url, config = replay_config(tmp_path)
     asyncio.run(migrated_dead_deliveries(url, 5))
-    monkeypatch.setattr(outbox, "LOOKUP_CHUNK", 2)
+    monkeypatch.setattr(replaying, "LOOKUP_CHUNK", 2)
     runner = CliRunner()
 
     c = ("--config", str(config))

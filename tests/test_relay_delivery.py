@@ -11,10 +11,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay import inspect, outbox
-from relay.logs import CONTEXT_FIELDS
+from relay import outbox
+from relay.observe.logs import CONTEXT_FIELDS
+from relay.outbox.tables import DEAD, HELD, PENDING, SUCCEEDED
 from relay.simulator import factories
-from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
+from relay.store import inspect
 from tests.relay_support import START, Clock, Relay, store_events
 from tests.support import Answer, Sink
 

@@ -21,12 +21,12 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.app import utc_now
-from relay import inspect
-from relay.runtime import Runtime, close_worker, start
+from relay.dispatch.worker import build_worker
+from relay.outbox.tables import SUCCEEDED, Delivery
+from relay.server.runtime import Runtime, close_worker, start
 from relay.settings import Settings
 from relay.simulator import factories
-from relay.tables import SUCCEEDED, Delivery
-from relay.worker import build_worker
+from relay.store import inspect
 from tests.conftest import REDIS_URL, TOKEN, running_client
 from tests.store_support import eventually
 from tests.support import Answer, Sink

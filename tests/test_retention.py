@@ -13,10 +13,11 @@ from sqlalchemy import inspect as schema_of
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay import outbox, retention
-from relay.retention import Pruned
+from relay import outbox
+from relay.outbox.tables import DEAD, HELD, PENDING, SUCCEEDED
 from relay.simulator import factories
-from relay.tables import DEAD, HELD, PENDING, SUCCEEDED
+from relay.store import retention
+from relay.store.retention import Pruned
 from tests.relay_support import START, Clock, Relay, store_events
 from tests.retention_support import (
     ATTEMPTS_PER_DELIVERY,

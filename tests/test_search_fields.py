@@ -12,7 +12,7 @@ from sqlalchemy import text
 from receivers.dedup import platform_refs
 from receivers.kinds import kind_for
 from receivers.store import create_engine
-from relay import migrate
+from relay.store import migrate
 
 
 @pytest.mark.parametrize(

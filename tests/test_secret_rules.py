@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers import ReceiverConfig, SourceConfig
 from receivers.sources import MIN_SECRET_LENGTH
-from relay.bootstrap import generated_token
+from relay.server.bootstrap import generated_token
 from relay.settings import SettingsError, load_settings
 
 GOOD = "a-long-random-secret-0123456789"

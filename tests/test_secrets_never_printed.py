@@ -26,10 +26,10 @@ from sqlalchemy import text
 
 from receivers.auth import sign
 from receivers.store import create_engine
-from relay import inspect
-from relay.jobs import open_pool
+from relay.dispatch.jobs import open_pool
 from relay.settings import SettingsError, load_settings
 from relay.simulator import factories
+from relay.store import inspect
 from tests.amqp_support import new_vhost, rabbitmqctl
 from tests.conftest import create_postgres_database, drop_postgres_database, private_redis
 from tests.console_support import LOGIN_TOKEN

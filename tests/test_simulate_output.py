@@ -18,9 +18,9 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from relay import progress
-from relay.policies import BUILTIN_POLICIES
-from relay.progress import BEFORE_LINE, Bar, is_terminal
+from relay.delivery.policies import BUILTIN_POLICIES
+from relay.observe import progress
+from relay.observe.progress import BEFORE_LINE, Bar, is_terminal
 from relay.simulator.cli import simulate
 from relay.simulator.clocks import VirtualClock
 from relay.simulator.platform import Attempt, Platform

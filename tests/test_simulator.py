@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers import SourceConfig
 from receivers.store import queries
 from receivers.store.engine import create_engine
-from relay.policies import BUILTIN_POLICIES, attempt_times
+from relay.delivery.policies import BUILTIN_POLICIES, attempt_times
 from relay.simulator.cli import simulate
 from relay.simulator.clocks import VirtualClock
 from relay.simulator.platform import Platform

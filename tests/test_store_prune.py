@@ -12,9 +12,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import text
 
 from receivers.store import create_engine
-from relay import migrate, progress, retention
 from relay.cli import main
 from relay.commands.retention import parse_cutoff
+from relay.observe import progress
+from relay.store import migrate, retention
 from tests.conftest import TABLES, TOKEN
 from tests.retention_support import Left, Planned, event_with, left, quarantine
 

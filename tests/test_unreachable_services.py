@@ -19,7 +19,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
 from receivers.store import create_engine
-from relay.runtime import connect_database
+from relay.server.runtime import connect_database
 from relay.settings import SettingsError
 from tests.conftest import PG_ADMIN_DSN, REDIS_URL, service_missing
 from tests.outage_support import postgres_refusing_logins

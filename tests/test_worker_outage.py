@@ -22,13 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay import outbox
 from relay.destinations import parse_destination_config
-from relay.jobs import QUEUE_NAME, JobQueue
-from relay.queue_connection import Backoff, QueueConnection
-from relay.router import Router
-from relay.runtime import close_worker
+from relay.dispatch.jobs import QUEUE_NAME, JobQueue
+from relay.dispatch.queue_connection import Backoff, QueueConnection
+from relay.dispatch.worker import RelayWorker
+from relay.outbox.router import Router
+from relay.outbox.sweeper import Sweeper
+from relay.server.runtime import close_worker
 from relay.simulator import factories
-from relay.sweeper import Sweeper
-from relay.worker import RelayWorker
 from tests.relay_support import Clock, store_events
 from tests.store_support import eventually, within
 

@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 from receivers.store import StoreFull, create_engine, refusal_of, sqlite_file
 from relay import outbox
 from relay.destinations.errors import without_credentials
-from relay.jobs import JobQueue, open_pool
+from relay.dispatch.jobs import JobQueue, open_pool
 from relay.settings import Settings, SettingsError, config_path, load_settings
 
 T = TypeVar("T")
@@ -63,10 +63,10 @@ async def with_engine(
     settings: Settings, action: Any, *, create: bool = False, migrated: bool = True
 ) -> Any:
     """Run ``action(engine)`` on a fresh engine for the configured database, once it is known
-    to be reachable (else a clean error, see :func:`relay.runtime.connect_database`). A SQLite
-    file that does not exist is an error unless ``create``: connecting would leave an empty
+    to be reachable (else a clean error, see :func:`relay.server.runtime.connect_database`). A
+    SQLite file that does not exist is an error unless ``create``: connecting would leave an empty
     one behind; a schema behind this version's is an error while ``migrated``."""
-    from relay.runtime import connect_database, require_current_schema
+    from relay.server.runtime import connect_database, require_current_schema
 
     engine = create_engine(settings.database_url)
     try:

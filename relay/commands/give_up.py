@@ -12,7 +12,6 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import ID_FORMAT
-from relay import progress
 from relay.commands.common import (
     config_option,
     load_settings_or_exit,
@@ -21,7 +20,15 @@ from relay.commands.common import (
     with_engine,
 )
 from relay.commands.outbox import enqueue_with_progress
-from relay.give_up import GIVABLE, LONGEST_NAME, LONGEST_REASON, GivenUp, checked_text, give_up
+from relay.delivery.give_up import (
+    GIVABLE,
+    LONGEST_NAME,
+    LONGEST_REASON,
+    GivenUp,
+    checked_text,
+    give_up,
+)
+from relay.observe import progress
 from relay.outbox import DELIVERIES, LOOKUP_CHUNK
 
 SHOWN_ID = 60

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay import inspect, outbox
+from relay import outbox
 from relay.commands.common import (
     config_option,
     enqueue,
@@ -17,10 +17,11 @@ from relay.commands.common import (
     run,
     with_engine,
 )
-from relay.jobs import open_pool
-from relay.progress import Bar
+from relay.dispatch.jobs import open_pool
+from relay.observe.progress import Bar
+from relay.outbox.tables import DELIVERY_STATUSES
 from relay.settings import Settings, SettingsError
-from relay.tables import DELIVERY_STATUSES
+from relay.store import inspect
 
 ENQUEUE_BATCH = 1000
 """How many deliveries one step of the enqueueing bar enqueues."""

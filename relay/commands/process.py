@@ -9,10 +9,10 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.event_loop import LOOP_NAMES, LoopName, LoopUnavailable, loop_factory
-from relay import migrate
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
-from relay.known_secrets import known_secrets
-from relay.logs import LOG_FORMATS, LOG_LEVELS, LogFormat, configure_logging
+from relay.observe.known_secrets import known_secrets
+from relay.observe.logs import LOG_FORMATS, LOG_LEVELS, LogFormat, configure_logging
+from relay.store import migrate
 
 log_level_option = click.option(
     "--log-level",
@@ -81,7 +81,7 @@ def serve(
     config_file: str | None,
 ) -> None:
     """Run the receivers (and the embedded relay worker) with uvicorn."""
-    from relay.serve import serve as run_server
+    from relay.server.serve import serve as run_server
 
     new_loop = chosen_loop(loop)
     settings = load_settings_or_exit(config_file)
@@ -125,8 +125,8 @@ def worker(
     config_file: str | None,
 ) -> None:
     """Run a relay worker (and its sweeper) on the configured Redis."""
-    from relay.runtime import run_worker
-    from relay.worker import shorten_switch_interval
+    from relay.dispatch.worker import shorten_switch_interval
+    from relay.server.runtime import run_worker
 
     new_loop = chosen_loop(loop)
     settings = load_settings_or_exit(config_file)

@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay import retention
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
 from relay.durations import PATTERN, parse_duration
-from relay.progress import Bar
-from relay.retention import Pruned
+from relay.observe.progress import Bar
+from relay.store import retention
+from relay.store.retention import Pruned
 
 LONGEST_CUTOFF_TEXT = 64
 """No date, time or duration needs more characters; a longer value is refused unread."""

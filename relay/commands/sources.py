@@ -12,10 +12,10 @@ from receivers import DEFAULT_SOURCE
 from receivers.config import source_prefix
 from receivers.kinds import kinds_by_path
 from receivers.sources import SourceConfig
-from relay.bootstrap import forget_token, kept_token
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
-from relay.default_source import ServedSources, TokenUse, served_sources
 from relay.destinations.errors import without_credentials
+from relay.server.bootstrap import forget_token, kept_token
+from relay.server.default_source import ServedSources, TokenUse, served_sources
 from relay.settings import Settings
 
 

@@ -11,11 +11,11 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
 from receivers.store import StoreWritable, utc_now
-from relay.bootstrap import CONSOLE_PASSWORD_KEY, CONSOLE_SESSION_KEY, kept_secret
 from relay.console.app import console_app
 from relay.console.sessions import end_outdated_sessions
 from relay.console.users import Users
 from relay.console.web import CONSOLE_PATH, Enqueue, SecurityHeaders, see_other
+from relay.server.bootstrap import CONSOLE_PASSWORD_KEY, CONSOLE_SESSION_KEY, kept_secret
 from relay.settings import Settings
 
 GENERATED_USER = "admin"

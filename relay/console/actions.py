@@ -20,8 +20,8 @@ from relay.console.filters import BadFilter, delivery_filter, query_string, text
 from relay.console.pages import ROW_ID
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, form_values, safe_next, see_other
-from relay.give_up import LONGEST_REASON, give_up
-from relay.tables import DEAD
+from relay.delivery.give_up import LONGEST_REASON, give_up
+from relay.outbox.tables import DEAD
 
 log = logging.getLogger("relay.console")
 

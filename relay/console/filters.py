@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 from receivers.kinds import KINDS_BY_NAME
-from relay.tables import DELIVERY_STATUSES
+from relay.outbox.tables import DELIVERY_STATUSES
 
 CURSOR = re.compile(r"(-?[0-9]{1,20})~([0-9a-f-]{36})")
 LONGEST_VALUE = 200

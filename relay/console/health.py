@@ -2,8 +2,8 @@
 nothing recent says otherwise, else each reason.
 
 The breaker's state alone would call a destination healthy while it fails: its consecutive
-failures count only those that say it is down (:mod:`relay.breaker`), so a consumer answering
-500 to every message never opens it. So the page also reads the last hour's outcomes: the
+failures count only those that say it is down (:mod:`relay.delivery.breaker`), so a consumer
+answering 500 to every message never opens it. So the page also reads the last hour's outcomes: the
 deliveries attempted then that went dead, and those that wait to retry after a failure. (A
 delivery given up by an operator without an attempt in the hour is not among them.)
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from relay.breaker import BreakerState, DestinationHealth, breaker_state
+from relay.delivery.breaker import BreakerState, DestinationHealth, breaker_state
 
 RECENT = timedelta(hours=1)
 """How far back dead deliveries make a destination unhealthy."""

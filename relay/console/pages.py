@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receivers.kinds import KINDS_BY_NAME
-from relay.breaker import BreakerState, DestinationHealth, breaker_state
 from relay.console import queries
 from relay.console.charts import health_chart
 from relay.console.filters import (
@@ -22,7 +21,8 @@ from relay.console.filters import (
 from relay.console.health import Recent, problems
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, query, see_other
-from relay.tables import DEAD, DELIVERY_STATUSES, HELD, PENDING
+from relay.delivery.breaker import BreakerState, DestinationHealth, breaker_state
+from relay.outbox.tables import DEAD, DELIVERY_STATUSES, HELD, PENDING
 
 BREAKER_NAMES = {
     BreakerState.CLOSED: "closed",

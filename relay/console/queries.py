@@ -29,9 +29,9 @@ from sqlalchemy.sql.expression import TableClause
 from receivers.store import ReceivedEvent, RejectedBody
 from relay.console.filters import Cursor, DeliveryFilter, EventFilter
 from relay.console.health import RECENT, Recent
-from relay.ordering import order_flags, waiting_behind
 from relay.outbox import ATTEMPTS, DELIVERIES, STATES
-from relay.tables import DEAD, PENDING
+from relay.outbox.ordering import order_flags, waiting_behind
+from relay.outbox.tables import DEAD, PENDING
 
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__

@@ -11,7 +11,8 @@ Filters (all must pass):
 - ``sources``: source names, exactly.
 
 ``ordering = "per-key"`` delivers the events of one order key (``order_key``, see
-:mod:`relay.order_keys`) one at a time, in the order they arrived (:mod:`relay.ordering`).
+:mod:`relay.outbox.order_keys`) one at a time, in the order they arrived
+(:mod:`relay.outbox.ordering`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pydantic import (
 from receivers.kinds import KINDS_BY_NAME
 from relay.destinations.signing import secret_key
 from relay.durations import Duration
-from relay.order_keys import DEFAULT_ORDER_KEY, OrderKey
+from relay.outbox.order_keys import DEFAULT_ORDER_KEY, OrderKey
 
 
 def _one_or_many(value: object) -> object:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from relay.log_redaction import redact
+from relay.observe.log_redaction import redact
 
 MAX_ERROR_LENGTH = 200
 

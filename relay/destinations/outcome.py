@@ -21,9 +21,9 @@ class Outcome:
     ``down`` tells a failure that says the destination cannot take any message now (no
     connection, a timeout, an answer of overload or unavailability, a broker out of capacity)
     from a failure of this message alone (any other answer): only the first kind counts toward
-    the breaker (:func:`relay.breaker.after_outcome`). Each destination sets it where it learns
-    the cause; a failure it cannot place stays ``False``, so that what a message's content can
-    provoke never pauses the destination for every other sender's messages.
+    the breaker (:func:`relay.delivery.breaker.after_outcome`). Each destination sets it where
+    it learns the cause; a failure it cannot place stays ``False``, so that what a message's
+    content can provoke never pauses the destination for every other sender's messages.
     """
 
     ok: bool

@@ -24,7 +24,7 @@ import re
 from receivers.dedup import platform_refs_of
 from receivers.kinds import KINDS_BY_NAME
 from relay.destinations.outbound import Outbound
-from relay.template_parts import template_parts
+from relay.outbox.template_parts import template_parts
 
 FIELDS = ("kind", "source", "event", "platform_id", "id")
 VALUE_LENGTH = 64

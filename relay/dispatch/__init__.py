@@ -2,8 +2,8 @@
 
 The database is the truth: every delivery a dispatcher holds is also in SQL, due, so a
 dispatcher that loses what it holds (a crash, a flushed Redis) only delays it until a sweeper
-(:mod:`relay.sweeper`) finds it and dispatches it again. Two implementations share this
-interface: :class:`relay.jobs.JobQueue` (arq jobs on Redis, scaled mode: workers run
+(:mod:`relay.outbox.sweeper`) finds it and dispatches it again. Two implementations share this
+interface: :class:`relay.dispatch.jobs.JobQueue` (arq jobs on Redis, scaled mode: workers run
 elsewhere) and :class:`relay.dispatch.in_process.InProcessDispatcher` (embedded mode: a heap
 in the server's own event loop).
 """

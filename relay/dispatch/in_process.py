@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 from prometheus_client import CollectorRegistry
 
 from receivers.store import utc_now
-from relay.jobs import deliver_job_id
-from relay.metrics import queue_connected_gauge
+from relay.dispatch.jobs import deliver_job_id
+from relay.observe.metrics import queue_connected_gauge
 from relay.outbox import Due
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Alembic environment: always run on a connection handed in by :mod:`relay.migrate`."""
+"""Alembic environment: always run on a connection handed in by :mod:`relay.store.migrate`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from alembic import context
 from sqlmodel import SQLModel
 
 from receivers.store import tables as receiver_tables  # noqa: F401  (registers the tables)
-from relay import tables as relay_tables  # noqa: F401
 from relay.console import tables as console_tables  # noqa: F401
+from relay.outbox import tables as relay_tables  # noqa: F401
 
 connection = context.config.attributes.get("connection")
 if connection is None:

@@ -12,7 +12,7 @@ from typing import Any
 import click
 import httpx
 
-from relay.progress import Bar
+from relay.observe.progress import Bar
 from relay.simulator.clocks import ScaledClock
 from relay.simulator.platform import Attempt, CallbackResult, Platform
 from relay.simulator.report import (

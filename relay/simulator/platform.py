@@ -1,6 +1,6 @@
 """The platform as a sender: one callback, its retries on the documented schedule, its idea of
 success, its breaker, and the duplicates it may produce. The schedules are the relay's own
-policy code (:mod:`relay.policies`, :mod:`relay.breaker`), not a copy."""
+policy code (:mod:`relay.delivery.policies`, :mod:`relay.delivery.breaker`), not a copy."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from datetime import datetime
 import httpx
 
 from receivers.kinds import KINDS_BY_NAME
-from relay.breaker import DestinationHealth, after_failure, after_success, hold_until
+from relay.delivery.breaker import DestinationHealth, after_failure, after_success, hold_until
+from relay.delivery.policies import BUILTIN_POLICIES, Policy
 from relay.destinations.errors import describe_error
-from relay.policies import BUILTIN_POLICIES, Policy
 from relay.simulator.clocks import Clock
 from relay.simulator.scenarios import Callback
 from relay.simulator.wire import Credentials, Endpoint, Prepared, attempt_headers, prepare

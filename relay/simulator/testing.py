@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from relay.breaker import DestinationHealth
+from relay.delivery.breaker import DestinationHealth
 from relay.simulator import factories
 from relay.simulator.clocks import Clock, VirtualClock
 from relay.simulator.platform import CallbackResult, Platform

@@ -1,0 +1,175 @@
+"""The relay's own arq queue: a job per delivery attempt, or per routing batch of first attempts,
+with ids arq can dedupe. While its Redis is lost (:mod:`relay.dispatch.queue_connection`),
+nothing is enqueued: the deliveries wait in the database for the sweepers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from arq.connections import ArqRedis, RedisSettings
+from redis.exceptions import RedisError
+
+from receivers.store import utc_now
+from relay.destinations.errors import describe_error, without_credentials
+from relay.dispatch.queue_connection import QueueConnection, QueueUnavailable, queue_lost
+from relay.outbox import Due
+from relay.settings import SettingsError
+
+QUEUE_NAME = "relay:queue"
+DELIVER_FUNCTION = "deliver"
+ENQUEUE_CONCURRENCY = 32
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CONNECT_TIMEOUT_SECONDS = 1.0
+COMMAND_TIMEOUT_SECONDS = 5.0
+"""The longest the relay waits for Redis to answer a command (none of its commands block)."""
+EXPIRY_MARGIN = timedelta(days=1)
+"""How long a job may wait in the queue past its due time before arq drops it (arq's default)."""
+
+
+def deliver_job_id(due: Due) -> str:
+    """``relay:deliver:<delivery id>:<attempts made>:<due time in µs>``.
+
+    arq refuses a job id that exists, so re-enqueueing a job that is still queued is a no-op.
+    The attempt count and the due time make the id of every new schedule new: the next attempt,
+    a wait for a paused destination (same attempt count, later time) and a replay never collide
+    with the job that is still running when they are enqueued (deliver jobs keep no result).
+    """
+    micros = (due.at - EPOCH) // timedelta(microseconds=1)
+    return f"relay:deliver:{due.id}:{due.attempts}:{micros}"
+
+
+async def open_pool(redis_url: str) -> ArqRedis:
+    """A connection pool to the relay queue's Redis, checked with one PING, without retries: a
+    Redis that is down or refuses the login is a :class:`SettingsError` naming it, without its
+    password.
+
+    Unlike arq's ``create_pool`` it sets a read timeout: a Redis that hangs (stopped, or a
+    partition that drops packets) would stall a poll or an enqueue for good, unnoticed; its
+    commands now fail after :data:`COMMAND_TIMEOUT_SECONDS`, which reports the queue lost."""
+    try:
+        RedisSettings.from_dsn(redis_url)  # the schemes and forms arq's workers take
+        pool = ArqRedis.from_url(
+            redis_url,
+            socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            socket_timeout=COMMAND_TIMEOUT_SECONDS,
+        )
+    except (RuntimeError, ValueError):
+        raise SettingsError(
+            f"redis_url {without_credentials(redis_url)} is not a redis://, rediss:// or "
+            "unix:// URL"
+        ) from None
+    try:
+        await pool.ping()
+    except (RedisError, OSError, TimeoutError) as exc:
+        await pool.aclose()
+        raise SettingsError(
+            f"cannot connect to Redis at {without_credentials(redis_url)}: {describe_error(exc)}"
+        ) from None
+    return pool
+
+
+class JobQueue:
+    """The scaled mode's dispatcher (:mod:`relay.dispatch`): deliver jobs on the relay queue's
+    Redis, for `relay worker` to run; reports a lost Redis to ``connection`` (the process's;
+    one of its own by default)."""
+
+    def __init__(
+        self,
+        pool: ArqRedis,
+        clock: Callable[[], datetime] = utc_now,
+        connection: QueueConnection | None = None,
+    ) -> None:
+        self.pool = pool
+        self.connection = connection if connection is not None else QueueConnection(pool)
+        self._clock = clock
+        self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
+
+    async def enqueue(self, due: Sequence[Due]) -> int:
+        """Enqueue the jobs of these deliveries, each at its time: one per batch job id (the
+        first attempts of a routing pass), one per delivery otherwise; returns how many of
+        those jobs were new.
+
+        While the queue is lost, or when it is lost during the call, the jobs not enqueued are
+        left out without an error: their deliveries are in the database, and the sweepers
+        enqueue them once it is back."""
+        if not self.connection.connected:
+            return 0
+        batches: dict[str, list[Due]] = {}
+        singles: list[Due] = []
+        for item in due:
+            if item.job is None:
+                singles.append(item)
+            else:
+                batches.setdefault(item.job, []).append(item)
+        results = await asyncio.gather(
+            *(self._enqueue_one(DELIVER_FUNCTION, d.id, deliver_job_id(d), d.at) for d in singles),
+            *(
+                self._enqueue_one(
+                    DELIVER_FUNCTION, [d.id for d in items], job, min(d.at for d in items)
+                )
+                for job, items in batches.items()
+            ),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for error in errors:
+            if not queue_lost(error):
+                raise error
+        if errors:
+            self.connection.lost(errors[0])
+        return sum(r is True for r in results)
+
+    async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
+        """The deliveries whose job is neither queued nor running, as single jobs to enqueue (a
+        batch job that is gone is not rebuilt: its members may be spread over several pages).
+
+        arq keeps a job in its queue's sorted set until the job has finished, so a missing
+        score means the job is gone: done, or lost with a flushed Redis. A delivery's job is,
+        for a first attempt, its batch job (asked about once per batch), else its own
+        (:func:`deliver_job_id`). Two round trips at most. :class:`QueueUnavailable` while the
+        queue is lost."""
+        batches = list({item.job for item in due if item.job is not None})
+        scores = await self._scores(batches)
+        queued = {job for job, score in zip(batches, scores, strict=True) if score is not None}
+        candidates = [item for item in due if item.job not in queued]
+        scores = await self._scores([deliver_job_id(item) for item in candidates])
+        return [
+            dataclasses.replace(item, job=None)
+            for item, score in zip(candidates, scores, strict=True)
+            if score is None
+        ]
+
+    async def _scores(self, job_ids: Sequence[str]) -> list[float | None]:
+        if not self.connection.connected:
+            raise QueueUnavailable(f"queue lost: {self.connection.reason}")
+        if not job_ids:
+            return []
+        try:
+            async with self.pool.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.zscore(QUEUE_NAME, job_id)
+                return list(await pipe.execute())
+        except Exception as exc:
+            if not queue_lost(exc):
+                raise
+            self.connection.lost(exc)
+            raise QueueUnavailable(f"queue lost: {self.connection.reason}") from None
+
+    async def _enqueue_one(self, function: str, arg: object, job_id: str, at: datetime) -> bool:
+        """Enqueue one job for ``at`` (its queue position: overdue jobs run oldest first). Its
+        expiry is given, since arq's own (``at`` + 1 day, from now) is negative, and refused by
+        Redis, for a job more than a day overdue: one the sweeper re-enqueues after an outage."""
+        expires = max(at - self._clock(), timedelta(0)) + EXPIRY_MARGIN
+        async with self._limit:
+            job = await self.pool.enqueue_job(
+                function,
+                arg,
+                _job_id=job_id,
+                _queue_name=QUEUE_NAME,
+                _defer_until=at,
+                _expires=expires,
+            )
+        return job is not None

@@ -1,0 +1,52 @@
+"""The receivers' after-commit hook: the fast path from a committed event to its deliveries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from receivers import StoredEvent
+from receivers.store import StoreWritable
+from relay import outbox
+from relay.dispatch import Dispatcher
+from relay.outbox import EventRef
+from relay.outbox.router import Router
+
+
+class RoutingHook:
+    """The receivers' after-commit hook: create the deliveries and enqueue their first jobs.
+
+    If it fails (or the process dies first), the events stay unrouted in SQL and the sweeper
+    routes them: the hook is the fast path, never the only one. So an outage is no error here:
+    while the queue's Redis is lost the deliveries are only routed (the sweepers enqueue them
+    once it is back), and while the store refuses writes (full, unreachable) the events stay
+    unrouted; ``writable`` (the process's state of the relay's writes) and the queue's
+    connection log each outage once, not per call."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        router: Router,
+        clock: Callable[[], datetime],
+        writable: StoreWritable | None = None,
+    ) -> None:
+        self._engine = engine
+        self._router = router
+        self._clock = clock
+        self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
+        self.queue: Dispatcher | None = None
+        """Attached once the dispatcher runs (in the app's lifespan)."""
+
+    async def __call__(self, events: Sequence[StoredEvent]) -> None:
+        refs = [EventRef(e.id, e.source, e.kind, e.payload, e.received_at) for e in events]
+        try:
+            due = await outbox.route_events(self._engine, self._router, refs, self._clock())
+        except Exception as exc:
+            if self._writable.failed(exc):
+                return  # the sweeper routes them once the store takes writes again
+            raise
+        self._writable.succeeded()
+        if self.queue is not None:
+            await self.queue.enqueue(due)
