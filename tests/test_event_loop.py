@@ -22,6 +22,7 @@ from relay.cli import main
 from tests.conftest import REDIS_URL, TOKEN
 from tests.store_support import child_environment
 
+STOP_TIMEOUT_S = 15
 START_TIMEOUT_S = 30.0
 
 
@@ -142,9 +143,21 @@ async def test_relay_worker_says_which_loop_it_runs_on(
                     assert line, "the worker ended before it started"
         finally:
             if process.returncode is None:
-                process.terminate()
-                await process.communicate()  # reads what it still logs: a full pipe blocks it
+                await stopped_by_sigterm(process)
     assert line.decode().rstrip().endswith(f"; event loop {kind}")
+
+
+async def stopped_by_sigterm(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM stops it within :data:`STOP_TIMEOUT_S` (reading what it still logs: a full pipe
+    would block it); else it is killed and the test fails."""
+    process.terminate()
+    try:
+        async with asyncio.timeout(STOP_TIMEOUT_S):
+            await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.communicate()
+        raise AssertionError(f"still running {STOP_TIMEOUT_S} s after SIGTERM") from None
 
 
 def child_pids() -> list[int]:

@@ -46,15 +46,16 @@ async def open_pool(redis_url: str) -> ArqRedis:
     Redis that is down or refuses the login is a :class:`SettingsError` naming it, without its
     password.
 
-    Unlike arq's ``create_pool`` it sets a read timeout: a Redis that hangs (stopped, or a
-    partition that drops packets) would stall a poll or an enqueue for good, unnoticed; its
-    commands now fail after :data:`COMMAND_TIMEOUT_SECONDS`, which reports the queue lost."""
+    A Redis that hangs (stopped, or a partition that drops packets) would stall a poll or an
+    enqueue for good, unnoticed: the relay's own calls give up after
+    :data:`COMMAND_TIMEOUT_SECONDS` (:func:`answer_within`), which reports the queue lost.
+    Not redis-py's ``socket_timeout``: with it, a task cancelled during a command may go on as
+    if it had not been (``relay worker`` then ignored SIGTERM)."""
     try:
         RedisSettings.from_dsn(redis_url)  # the schemes and forms arq's workers take
         pool = ArqRedis.from_url(
             redis_url,
             socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            socket_timeout=COMMAND_TIMEOUT_SECONDS,
         )
     except (RuntimeError, ValueError):
         raise SettingsError(
@@ -69,6 +70,13 @@ async def open_pool(redis_url: str) -> ArqRedis:
             f"cannot connect to Redis at {without_credentials(redis_url)}: {describe_error(exc)}"
         ) from None
     return pool
+
+
+def answer_within(seconds: float = COMMAND_TIMEOUT_SECONDS) -> asyncio.Timeout:
+    """A bound on a call to the queue's Redis: past it, :class:`TimeoutError` (an outage, see
+    :func:`~relay.dispatch.queue_connection.queue_lost`); redis-py drops the connection of a
+    command cut short."""
+    return asyncio.timeout(seconds)
 
 
 class JobQueue:
@@ -148,7 +156,7 @@ class JobQueue:
         if not job_ids:
             return []
         try:
-            async with self.pool.pipeline(transaction=False) as pipe:
+            async with answer_within(), self.pool.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
                     pipe.zscore(QUEUE_NAME, job_id)
                 return list(await pipe.execute())
@@ -163,7 +171,7 @@ class JobQueue:
         expiry is given, since arq's own (``at`` + 1 day, from now) is negative, and refused by
         Redis, for a job more than a day overdue: one the sweeper re-enqueues after an outage."""
         expires = max(at - self._clock(), timedelta(0)) + EXPIRY_MARGIN
-        async with self._limit:
+        async with self._limit, answer_within():
             job = await self.pool.enqueue_job(
                 function,
                 arg,

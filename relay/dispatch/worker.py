@@ -29,7 +29,13 @@ from receivers.store import StoreWritable
 from relay.delivery.deliverer import AttemptsFailed, Deliverer
 from relay.destinations.errors import database_address, describe_error, without_credentials
 from relay.dispatch.in_process import Attempt, InProcessDispatcher
-from relay.dispatch.jobs import DELIVER_FUNCTION, QUEUE_NAME, JobQueue, deliver_job_id
+from relay.dispatch.jobs import (
+    DELIVER_FUNCTION,
+    QUEUE_NAME,
+    JobQueue,
+    answer_within,
+    deliver_job_id,
+)
 from relay.dispatch.queue_connection import QueueConnection, queue_lost
 from relay.observe.metrics import WorkerMetrics
 from relay.outbox import Due
@@ -254,7 +260,8 @@ class RelayWorker(Worker):
             if not self.connection.connected:
                 await self.connection.until_connected()
             try:
-                await self.poll()
+                async with answer_within():  # a Redis that hangs is lost too
+                    await self.poll()
                 # asked before the wait begins: a cancellation during the wait then leaves no
                 # un-awaited coroutine behind
                 wait = await self.until_next_poll()
