@@ -26,7 +26,7 @@ from receivers.readiness import DatabasePing
 from receivers.routing import ReceiverApp
 from receivers.store.probe import WriteProbe
 from receivers.store.records import AfterCommit, StoreFull, utc_now
-from receivers.store.writer import EventWriter
+from receivers.store.writer import HOOK_DELAY_SECONDS, EventWriter
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ def create_app(
     clock: Callable[[], datetime] = utc_now,
     around: Callable[[], AbstractAsyncContextManager[None]] | None = None,
     metrics: Metrics | None = None,
+    hook_delay: float = HOOK_DELAY_SECONDS,
 ) -> Starlette:
     """The receivers app: every kind's URL for every configured source, plus health checks.
 
@@ -48,12 +49,17 @@ def create_app(
     hook); the receivers themselves know nothing about relaying. ``around`` is entered before
     the store's writer starts and left after it has stopped (what the hook needs lives there).
     ``metrics`` holds the registry ``/metrics`` serves (a new one of the app's own by default);
-    the receivers' counters are registered in it.
+    the receivers' counters are registered in it. ``hook_delay``: how long the oldest new
+    event waits for the hook while the writer is quiet (see :mod:`receivers.store.writer`).
     """
     metrics = metrics if metrics is not None else Metrics()
     counters = ReceiverCounters(metrics.registry)
     writer = EventWriter(
-        engine, clock=clock, after_commit=after_commit, writer_process=config.writer_process
+        engine,
+        clock=clock,
+        after_commit=after_commit,
+        writer_process=config.writer_process,
+        hook_delay=hook_delay,
     )
     probe = WriteProbe(engine, writer.writable, clock)
 
