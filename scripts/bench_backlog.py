@@ -71,7 +71,6 @@ from benchlib import (
     at_least,
     build_events,
     free_port,
-    machine_cpu_seconds,
     relay_command,
     relay_env,
     require_local,
@@ -81,6 +80,7 @@ from benchlib import (
     uvicorn_argv,
     wait_ready,
 )
+from harness import machine_cpu
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -684,7 +684,7 @@ async def measure_size(
             note(f"B={backlog:,}: sweeps measured; attempting {args.due} due deliveries")
 
             await sink.reset()
-            cpu_before = time.process_time(), machine_cpu_seconds()[0]
+            cpu_before = time.process_time(), machine_cpu()[0]
             deliver_s, attempt_ms, follow_ups = await deliver_all(
                 services, due_ids, args.concurrency
             )
@@ -696,7 +696,7 @@ async def measure_size(
                 problems.append(f"{succeeded} of {len(due_ids)} due deliveries succeeded")
             deliver_cpu = {
                 "bench": round((time.process_time() - cpu_before[0]) / deliver_s, 2),
-                "machine": round((machine_cpu_seconds()[0] - cpu_before[1]) / deliver_s, 2),
+                "machine": round((machine_cpu()[0] - cpu_before[1]) / deliver_s, 2),
             }
             sink_distinct = await sink.distinct()
             if sink_distinct != len(due_ids):

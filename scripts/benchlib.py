@@ -9,7 +9,8 @@
   :func:`wait_ready`, :func:`wait_redis_key`, :func:`stop_server`, :func:`kill_server`) and the
   `relay` command line (:func:`relay_command`, :func:`relay_argv`);
 - small helpers: :func:`percentile_ms`, :func:`at_least`, :func:`loop_factory`.
-- CPU accounting from /proc: :func:`process_cpu_seconds`, :func:`machine_cpu_seconds`.
+- CPU accounting from /proc: :func:`process_cpu_seconds` (from :mod:`harness`, as are
+  :func:`free_port` and :func:`relay_env`; the machine's is `harness.machine_cpu`).
 
 Everything talks to 127.0.0.1 only.
 """
@@ -25,7 +26,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +37,9 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import asyncpg
+from harness import free_port as free_port  # the shared pieces, under this module's names
+from harness import process_cpu_seconds as process_cpu_seconds
+from harness import relay_env as relay_env
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from relay.simulator import factories
@@ -284,12 +287,6 @@ class Server:
             return ""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(
     name: str, argv: Sequence[str], port: int, workdir: Path, env: dict[str, str]
 ) -> Server:
@@ -458,11 +455,6 @@ def relay_argv(port: int, config: Path) -> list[str]:
     ]
 
 
-def relay_env() -> dict[str, str]:
-    """This environment without RELAY_* variables (they would override the temp config)."""
-    return {key: value for key, value in os.environ.items() if not key.startswith("RELAY_")}
-
-
 def percentile_ms(latencies_ns: Sequence[int], fraction: float) -> float:
     """Nearest-rank percentile of sorted latencies, in milliseconds."""
     if not latencies_ns:
@@ -488,29 +480,6 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return cast(Callable[[], asyncio.AbstractEventLoop], uvloop.new_event_loop)
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc); NaN when unreadable (gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_cpu_seconds() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, all cores (/proc/stat);
-    NaNs when unreadable. Busy is everything but idle and iowait."""
-    try:
-        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return math.nan, math.nan
-    ticks = [int(value) for value in first[1:]]
-    total = sum(ticks[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
-    idle = ticks[3] + ticks[4]
-    hertz = os.sysconf("SC_CLK_TCK")
-    return (total - idle) / hertz, total / hertz
 
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})

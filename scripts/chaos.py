@@ -159,7 +159,6 @@ from benchlib import (
     bounded,
     free_port,
     kill_server,
-    machine_cpu_seconds,
     process_cpu_seconds,
     relay_argv,
     relay_command,
@@ -173,6 +172,7 @@ from benchlib import (
     wait_redis_key,
 )
 from broker_bench import BROKERS, BrokerOutage, toml_table
+from harness import machine_cpu
 
 from receivers.dedup import dedup_key
 from receivers.kinds import kind_for
@@ -401,7 +401,7 @@ class Deployment:
             if server.process.poll() is None
         }
         snapshot["driver"] = time.process_time()
-        snapshot["machine"] = machine_cpu_seconds()[0]
+        snapshot["machine"] = machine_cpu()[0]
         return snapshot
 
     def log_notes(self) -> dict[str, Any]:

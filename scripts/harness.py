@@ -124,6 +124,11 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process; NaN once it is gone."""
+    return cpu_seconds([pid]).get(pid, math.nan)
+
+
 def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
     """User + system CPU seconds of each live pid."""
     tick = os.sysconf("SC_CLK_TCK")
