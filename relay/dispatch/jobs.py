@@ -1,6 +1,10 @@
 """The relay's own arq queue: a job per delivery attempt, or per routing batch of first attempts,
 with ids arq can dedupe. While its Redis is lost (:mod:`relay.dispatch.queue_connection`),
-nothing is enqueued: the deliveries wait in the database for the sweepers."""
+nothing is enqueued: the deliveries wait in the database for the sweepers.
+
+A job due now also wakes a waiting worker (:data:`WAKE_KEY`): a worker polls the queue every
+50 ms, and waits between polls on a blocking read of that key, so a first attempt starts about
+when it is enqueued instead of at the next poll."""
 
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CONNECT_TIMEOUT_SECONDS = 1.0
 COMMAND_TIMEOUT_SECONDS = 5.0
 """The longest the relay waits for Redis to answer a command (none of its commands block)."""
+WAKE_KEY = "relay:queue:wake"
+"""A list of at most one item: pushed when a job due now is enqueued, popped by a waiting
+worker (``BLPOP``), which then polls at once. One push wakes one worker; the others find the
+job at their next poll."""
 EXPIRY_MARGIN = timedelta(days=1)
 """How long a job may wait in the queue past its due time before arq drops it (arq's default)."""
 
@@ -128,7 +136,24 @@ class JobQueue:
                 raise error
         if errors:
             self.connection.lost(errors[0])
-        return sum(r is True for r in results)
+            return sum(r is True for r in results)
+        new = sum(r is True for r in results)
+        if new and min(d.at for d in due) <= self._clock():
+            await self._wake_worker()
+        return new
+
+    async def _wake_worker(self) -> None:
+        """Wake a worker waiting between polls (:data:`WAKE_KEY`); a lost queue is noted, the
+        jobs are enqueued already and the next poll finds them."""
+        try:
+            async with answer_within(), self.pool.pipeline(transaction=True) as pipe:
+                pipe.lpush(WAKE_KEY, 1)
+                pipe.ltrim(WAKE_KEY, 0, 0)
+                await pipe.execute()
+        except Exception as exc:
+            if not queue_lost(exc):
+                raise
+            self.connection.lost(exc)
 
     async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
         """The deliveries whose job is neither queued nor running, as single jobs to enqueue (a

@@ -30,8 +30,10 @@ from relay.delivery.deliverer import AttemptsFailed, Deliverer
 from relay.destinations.errors import database_address, describe_error, without_credentials
 from relay.dispatch.in_process import Attempt, InProcessDispatcher
 from relay.dispatch.jobs import (
+    COMMAND_TIMEOUT_SECONDS,
     DELIVER_FUNCTION,
     QUEUE_NAME,
+    WAKE_KEY,
     JobQueue,
     answer_within,
     deliver_job_id,
@@ -265,12 +267,11 @@ class RelayWorker(Worker):
                 # asked before the wait begins: a cancellation during the wait then leaves no
                 # un-awaited coroutine behind
                 wait = await self.until_next_poll()
+                await self.pause(wait)
             except Exception as exc:
                 if not queue_lost(exc):
                     raise
                 self.connection.lost(exc)
-                continue
-            await self.pause(wait)
 
     async def start_up(self) -> None:
         """Say which Redis this is, then run the start-up hook."""
@@ -310,8 +311,10 @@ class RelayWorker(Worker):
         return self.poll_delay_s
 
     async def pause(self, seconds: float) -> None:
-        """Wait until the next poll."""
-        await asyncio.sleep(seconds)
+        """Wait until the next poll, or less when an enqueuer wakes this worker (a blocking
+        read of :data:`~relay.dispatch.jobs.WAKE_KEY`)."""
+        async with answer_within(seconds + COMMAND_TIMEOUT_SECONDS):
+            await self.pool.blpop([WAKE_KEY], timeout=seconds)
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """arq's, one job at a time, skipping the jobs this worker runs (see the class
