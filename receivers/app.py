@@ -24,6 +24,7 @@ from receivers.openapi import openapi_document
 from receivers.problems import Problem, not_found
 from receivers.readiness import DatabasePing
 from receivers.routing import ReceiverApp
+from receivers.store.in_commit import InCommitWriter
 from receivers.store.probe import WriteProbe
 from receivers.store.records import AfterCommit, StoreFull, utc_now
 from receivers.store.writer import HOOK_DELAY_SECONDS, EventWriter
@@ -42,6 +43,7 @@ def create_app(
     around: Callable[[], AbstractAsyncContextManager[None]] | None = None,
     metrics: Metrics | None = None,
     hook_delay: float = HOOK_DELAY_SECONDS,
+    in_commit: InCommitWriter | None = None,
 ) -> Starlette:
     """The receivers app: every kind's URL for every configured source, plus health checks.
 
@@ -51,6 +53,8 @@ def create_app(
     ``metrics`` holds the registry ``/metrics`` serves (a new one of the app's own by default);
     the receivers' counters are registered in it. ``hook_delay``: how long the oldest new
     event waits for the hook while the writer is quiet (see :mod:`receivers.store.writer`).
+    ``in_commit``: what else each transaction that stores events writes (the relay's outbox,
+    :mod:`receivers.store.in_commit`).
     """
     metrics = metrics if metrics is not None else Metrics()
     counters = ReceiverCounters(metrics.registry)
@@ -60,6 +64,7 @@ def create_app(
         after_commit=after_commit,
         writer_process=config.writer_process,
         hook_delay=hook_delay,
+        in_commit=in_commit,
     )
     probe = WriteProbe(engine, writer.writable, clock)
 

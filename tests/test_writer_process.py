@@ -143,9 +143,12 @@ async def test_the_process_answers_each_item_in_order_and_ends_with_its_input(
     assert child.end() == 0
 
     answers = [answer for _, group in frames for answer in group]
-    (a_id, a_duplicate), (same_id, copy_duplicate), quarantined, (b_id, b_duplicate) = answers
+    (a_id, a_duplicate, a_with), (same_id, copy_duplicate, _), quarantined, (b_id, b_dup, _) = (
+        answers
+    )
+    assert a_with is None  # no in-commit writer was given
     assert a_id == same_id and b_id != a_id and quarantined is None
-    assert (a_duplicate, copy_duplicate, b_duplicate) == (False, True, False)
+    assert (a_duplicate, copy_duplicate, b_dup) == (False, True, False)
     assert {received_at for received_at, _ in frames} == {NOW.isoformat()}
     rows = await stored_events(sqlite_engine)
     assert {key: (row["id"], row["duplicates"]) for key, row in rows.items()} == {

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from receivers.ids import new_ids
+from receivers.store.in_commit import InCommit, InCommitFailed
 from receivers.store.records import (
     IDENTITY_COLUMNS,
     Arrival,
@@ -91,15 +92,25 @@ def batch_rows(items: Sequence[Item], now: datetime) -> BatchRows:
     return BatchRows(events, quarantine, list(copies.values()))
 
 
-def receipts(rows: BatchRows, stored: Mapping[Identity, str], count: int) -> list[Answer]:
-    """What each of the batch's ``count`` items gets, given every identity's stored id: a copy
-    of an event in the batch, or of one stored before, is a duplicate."""
+def receipts(
+    rows: BatchRows,
+    stored: Mapping[Identity, str],
+    count: int,
+    written_with: Mapping[str, Any] | None = None,
+) -> list[Answer]:
+    """What each of the batch's ``count`` items gets, given every identity's stored id (and
+    what the in-commit writer answered for each new event): a copy of an event in the batch,
+    or of one stored before, is a duplicate."""
     answers: list[Answer] = [None] * count
+    written = written_with or {}
     for row, same in zip(rows.events, rows.copies, strict=True):
         event_id = stored[identity(row)]
         new = event_id == row["id"]
         for position, index in enumerate(same):
-            answers[index] = Receipt(event_id, position > 0 or not new)
+            duplicate = position > 0 or not new
+            answers[index] = Receipt(
+                event_id, duplicate, None if duplicate else written.get(event_id)
+            )
     return answers
 
 
@@ -108,7 +119,7 @@ def stored_events(
 ) -> list[StoredEvent]:
     """The events of ``items`` that their answers say were newly stored."""
     return [
-        StoredEvent(answer.event_id, item.source, item.kind, at, item.payload)
+        StoredEvent(answer.event_id, item.source, item.kind, at, item.payload, answer.written_with)
         for item, answer in zip(items, answers, strict=True)
         if isinstance(answer, Receipt) and not answer.duplicate and isinstance(item, Arrival)
     ]
@@ -139,17 +150,33 @@ async def write_items(
     now: datetime,
     *,
     new_events: NewEvents | None = None,
+    in_commit: InCommit | None = None,
 ) -> list[Answer]:
-    """Write ``items`` in one transaction; their answers. ``new_events`` is tried first when
-    given. When the write fails for another reason than a full or unavailable database, each
-    item is written alone, so that only the one at fault fails. A full or unavailable database
-    fails every item with :class:`StoreFull` or :class:`StoreUnreachable` and is not logged
-    here: the writer's :class:`~receivers.store.writable.StoreWritable` says it once."""
+    """Write ``items`` in one transaction, with what ``in_commit`` writes for the new events
+    (:mod:`receivers.store.in_commit`); their answers. ``new_events`` is tried first when given
+    and there is no ``in_commit``. Should ``in_commit`` fail, the items are written again
+    without it. When the write fails for another reason than a full or unavailable database,
+    each item is written alone, so that only the one at fault fails. A full or unavailable
+    database fails every item with :class:`StoreFull` or :class:`StoreUnreachable` and is not
+    logged here: the writer's :class:`~receivers.store.writable.StoreWritable` says it once."""
+    written_with: Mapping[str, Any] | None = None
     try:
         rows = batch_rows(items, now)
-        ids = new_events(rows) if new_events is not None else None
-        if ids is None:
+        ids = new_events(rows) if new_events is not None and in_commit is None else None
+        if ids is None and in_commit is not None:
+            ids, written_with = await transaction(
+                functools.partial(_write_with, rows=rows, items=items, now=now, in_commit=in_commit)
+            )
+            in_commit.succeeded()
+        elif ids is None:
             ids = await transaction(functools.partial(write_rows, rows=rows))
+    except InCommitFailed as failed:
+        assert in_commit is not None
+        refusal = refusal_of(failed.__cause__) if failed.__cause__ is not None else None
+        if refusal is None:
+            in_commit.failed(failed)
+            return await write_items(transaction, items, now, new_events=new_events)
+        return [type(refusal)(*refusal.args) for _ in items]
     except Exception as exc:
         refusal = refusal_of(exc)
         if refusal is not None:
@@ -159,11 +186,21 @@ async def write_items(
             return [
                 answer
                 for item in items
-                for answer in await write_items(transaction, [item], now, new_events=new_events)
+                for answer in await write_items(
+                    transaction, [item], now, new_events=new_events, in_commit=in_commit
+                )
             ]
         log.error("could not store %d item(s): %s", len(items), type(exc).__name__, exc_info=exc)
         return [StoreUnavailable(type(exc).__name__) for _ in items]
-    return receipts(rows, ids, len(items))
+    return receipts(rows, ids, len(items), written_with)
+
+
+def _write_with(
+    conn: Connection, rows: BatchRows, items: Sequence[Item], now: datetime, in_commit: InCommit
+) -> tuple[dict[Identity, str], dict[str, Any]]:
+    """:func:`write_rows`, then ``in_commit`` with the new events, on one connection."""
+    ids = write_rows(conn, rows)
+    return ids, in_commit(conn, stored_events(items, receipts(rows, ids, len(items)), now))
 
 
 def write_rows(conn: Connection, rows: BatchRows) -> dict[Identity, str]:

@@ -69,10 +69,12 @@ Item = Arrival | Rejection
 
 @dataclass(frozen=True)
 class Receipt:
-    """The stored event's id; ``duplicate`` when it had been stored before."""
+    """The stored event's id; ``duplicate`` when it had been stored before; what the in-commit
+    writer answered for a new event (:mod:`receivers.store.in_commit`), None without one."""
 
     event_id: str
     duplicate: bool
+    written_with: Any = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class StoredEvent:
     kind: str
     received_at: datetime
     payload: dict[str, Any]
+    written_with: Any = None
+    """What the in-commit writer wrote with it (:mod:`receivers.store.in_commit`); None when
+    nothing was."""
 
 
 AfterCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]

@@ -13,6 +13,8 @@ call at a time, beside the writer: with ``hook_batch`` events, or with fewer onc
 waited ``hook_delay`` seconds, or, after a call that carried ``hook_busy_events`` or more, once
 ``hook_interval`` seconds have passed since that call began. Few calls under load (on SQLite each
 is a write transaction of its own, competing for the one write lock), prompt ones otherwise.
+With an in-commit writer (:mod:`receivers.store.in_commit`: the relay's outbox, written in the
+events' own transaction), the hook has no write left to do and gets the events at once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.store.batches import Answer, Item, in_transaction, stored_events, write_items
 from receivers.store.coalescer import Coalescer
 from receivers.store.engine import sqlite_file
+from receivers.store.in_commit import InCommit, InCommitWriter
 from receivers.store.records import (
     AfterCommit,
     Arrival,
@@ -88,15 +91,20 @@ class EngineLane:
         clock: Clock,
         on_stored: OnStored,
         writable: StoreWritable | None = None,
+        in_commit: InCommitWriter | None = None,
     ) -> None:
         self._transaction = in_transaction(engine)
         self._clock = clock
         self._on_stored = on_stored
         self._writable = writable if writable is not None else StoreWritable()
+        self._in_commit_writer = in_commit
+        self._in_commit: InCommit | None = None
         self._group: Coalescer[Item, Receipt | None] = Coalescer(self._write)
         self._open = False
 
     async def start(self) -> None:
+        if self._in_commit_writer is not None:
+            self._in_commit = self._in_commit_writer.load()
         self._open = True
 
     @property
@@ -114,7 +122,7 @@ class EngineLane:
 
     async def _write(self, items: list[Item]) -> list[Answer]:
         now = self._clock()
-        answers = await write_items(self._transaction, items, now)
+        answers = await write_items(self._transaction, items, now, in_commit=self._in_commit)
         self._writable.wrote(answers)
         stored = stored_events(items, answers, now)
         if stored:
@@ -129,19 +137,26 @@ def open_lane(
     on_stored: OnStored,
     writer_process: bool = True,
     writable: StoreWritable | None = None,
+    in_commit: InCommitWriter | None = None,
 ) -> Lane:
     """The writer's own process for a SQLite file (on POSIX systems, where it can take a socket
     as its input) unless ``writer_process`` is off; the engine in this process otherwise."""
     database = sqlite_file(engine)
     if writer_process and database is not None and os.name == "posix":
-        return ProcessLane(database, clock=clock, on_stored=on_stored, writable=writable)
-    return EngineLane(engine, clock=clock, on_stored=on_stored, writable=writable)
+        return ProcessLane(
+            database, clock=clock, on_stored=on_stored, writable=writable, in_commit=in_commit
+        )
+    return EngineLane(
+        engine, clock=clock, on_stored=on_stored, writable=writable, in_commit=in_commit
+    )
 
 
 class EventWriter:
     """The writer of one process; see the module docstring. ``writer_process``: whether a
     SQLite file gets the writer's own process (:func:`open_lane`). :attr:`writable` follows
-    whether the store takes the callbacks (told how each group went)."""
+    whether the store takes the callbacks (told how each group went). ``in_commit``: what
+    else each transaction writes (:mod:`receivers.store.in_commit`); with it, the hook is
+    called without a delay or an interval."""
 
     def __init__(
         self,
@@ -154,16 +169,18 @@ class EventWriter:
         hook_busy_events: int = HOOK_BUSY_EVENTS,
         hook_interval: float = HOOK_INTERVAL_SECONDS,
         writer_process: bool = True,
+        in_commit: InCommitWriter | None = None,
     ) -> None:
         self._engine = engine
         self.writable = StoreWritable(CALLBACKS)
         self._writer_process = writer_process
+        self._in_commit = in_commit
         self._clock = clock
         self._after_commit = after_commit
         self._hook_batch = hook_batch
-        self._hook_delay = hook_delay
+        self._hook_delay = 0.0 if in_commit is not None else hook_delay
         self._hook_busy_events = hook_busy_events
-        self._hook_interval = hook_interval
+        self._hook_interval = 0.0 if in_commit is not None else hook_interval
         self._lane: Lane | None = None
         self._stopping = False
         self._unhooked: list[StoredEvent] = []
@@ -181,6 +198,7 @@ class EventWriter:
             on_stored=self._stored,
             writer_process=self._writer_process,
             writable=self.writable,
+            in_commit=self._in_commit,
         )
         await lane.start()
         self._lane = lane

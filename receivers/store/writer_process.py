@@ -29,7 +29,9 @@ The wire: each message is a frame, its length (4 bytes, little-endian) then a va
 :mod:`marshal`'s format (both ends are this same interpreter). Server -> process:
 ``(sent_at, records)``, the server's clock when it sent them and the items as tuples
 (:func:`record_of`); process -> server: ``(received_at, answers)`` for the oldest items not
-answered yet, in order: per item ``(event id, duplicate)``, ``None`` for a quarantined body, or
+answered yet, in order: per item ``(event id, duplicate, written with)`` (the last: what the
+in-commit writer answered, see :mod:`receivers.store.in_commit`, which the process loads from
+its optional third argument), ``None`` for a quarantined body, or
 ``[kind, reason]`` (a list) when it could not be stored: ``"full"`` or ``"unreachable"`` when the
 store refuses writes (:class:`StoreFull`, :class:`StoreUnreachable`, which the server's
 :class:`~receivers.store.writable.StoreWritable` notes and logs once), else ``"unavailable"``.
@@ -63,6 +65,7 @@ from receivers.event_loop import LoopName, loop_factory, loop_name
 from receivers.store.batches import BatchRows, insert_new_events, stored_events, write_items
 from receivers.store.coalescer import AdaptiveGroupSize, Coalescer
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, json_text, sqlite_pragmas
+from receivers.store.in_commit import InCommitWriter
 from receivers.store.records import (
     Arrival,
     Clock,
@@ -85,7 +88,7 @@ HEADER = struct.Struct("<I")
 EVENT, REJECTION = 0, 1
 
 Record = tuple[Any, ...]
-WireAnswer = tuple[str, bool] | None | list[str]
+WireAnswer = tuple[str, bool, Any] | None | list[str]
 """An item's answer on the wire: its receipt, None, or ``[kind, reason]`` of its failure."""
 FAILURES: dict[str, type[StoreUnavailable]] = {
     "full": StoreFull,
@@ -192,8 +195,10 @@ class ProcessLane:
         clock: Clock,
         on_stored: OnStored,
         writable: StoreWritable | None = None,
+        in_commit: InCommitWriter | None = None,
     ) -> None:
         self._database = database
+        self._in_commit = in_commit
         self._clock = clock
         self._on_stored = on_stored
         self._writable = writable if writable is not None else StoreWritable()
@@ -270,6 +275,7 @@ class ProcessLane:
                     "receivers.store.writer_process",
                     self._database,
                     loop_name(self._loop),  # the server's kind of loop
+                    *([self._in_commit.to_json()] if self._in_commit is not None else []),
                 ],
                 stdin=theirs,
                 stdout=subprocess.DEVNULL,
@@ -480,9 +486,13 @@ class WriterConnection:
         return self._connection
 
 
-async def serve(database: str, sock: socket.socket) -> None:
-    """Write what comes over ``sock`` into ``database`` until the socket is closed."""
+async def serve(
+    database: str, sock: socket.socket, in_commit: InCommitWriter | None = None
+) -> None:
+    """Write what comes over ``sock`` into ``database`` until the socket is closed, with what
+    ``in_commit`` writes for the new events."""
     store = WriterConnection(database)
+    also = in_commit.load() if in_commit is not None else None
     checkpoints = WalCheckpointer(database)
     loop = asyncio.get_running_loop()
     closed = loop.create_future()
@@ -492,7 +502,9 @@ async def serve(database: str, sock: socket.socket) -> None:
         now = max(sent for _, sent in group)
         items = [item for item, _ in group]
         try:
-            written = await write_items(store.transaction, items, now, new_events=store.new_events)
+            written = await write_items(
+                store.transaction, items, now, new_events=store.new_events, in_commit=also
+            )
         except Exception as exc:  # every item still gets its answer, in its place
             log.exception("could not write a group")
             written = [StoreUnavailable(type(exc).__name__)] * len(group)
@@ -538,7 +550,7 @@ def _unwire(answer: WireAnswer) -> Receipt | StoreUnavailable | None:
 
 def _wire(answer: Receipt | StoreUnavailable | None) -> WireAnswer:
     if isinstance(answer, Receipt):
-        return (answer.event_id, answer.duplicate)
+        return (answer.event_id, answer.duplicate, answer.written_with)
     if answer is None:
         return None
     kind = next(name for name, failure in FAILURES.items() if isinstance(answer, failure))
@@ -562,19 +574,21 @@ def _begin(connection: Connection) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 3 or argv[2] not in CHILD_LOOPS:
+    if len(argv) not in (3, 4) or argv[2] not in CHILD_LOOPS:
         print(
-            "usage: python -m receivers.store.writer_process DATABASE asyncio|uvloop",
+            "usage: python -m receivers.store.writer_process DATABASE asyncio|uvloop "
+            "[IN_COMMIT_JSON]",
             file=sys.stderr,
         )
         return 2
+    in_commit = InCommitWriter.from_json(argv[3]) if len(argv) == 4 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl+C: it closes the socket
     # the server's text format (its JSON format is the server's own: not known here)
     logging.basicConfig(format=WRITER_LOG_FORMAT)
     sock = socket.socket(fileno=os.dup(sys.stdin.fileno()))
     try:
         with asyncio.Runner(loop_factory=loop_factory(cast(LoopName, argv[2]))) as runner:
-            runner.run(serve(argv[1], sock))
+            runner.run(serve(argv[1], sock, in_commit))
     except (BrokenPipeError, ConnectionResetError):
         return 1  # the server is gone; what was acknowledged is committed
     return 0

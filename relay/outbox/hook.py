@@ -11,15 +11,18 @@ from receivers import StoredEvent
 from receivers.store import StoreWritable
 from relay import outbox
 from relay.dispatch import Dispatcher
-from relay.outbox import EventRef
+from relay.outbox import Due, EventRef
+from relay.outbox.in_commit import first_jobs
 from relay.outbox.router import Router
 
 
 class RoutingHook:
-    """The receivers' after-commit hook: create the deliveries and enqueue their first jobs.
+    """The receivers' after-commit hook: enqueue the first jobs of the deliveries the writer
+    routed with the events (:mod:`relay.outbox.in_commit`); route those it stored without.
 
-    If it fails (or the process dies first), the events stay unrouted in SQL and the sweeper
-    routes them: the hook is the fast path, never the only one. So an outage is no error here:
+    If it fails (or the process dies first), the sweeper enqueues those deliveries, and routes
+    the events left unrouted: the hook is the fast path, never the only one. So an outage is no
+    error here:
     while the queue's Redis is lost the deliveries are only routed (the sweepers enqueue them
     once it is back), and while the store refuses writes (full, unreachable) the events stay
     unrouted; ``writable`` (the process's state of the relay's writes) and the queue's
@@ -40,13 +43,20 @@ class RoutingHook:
         """Attached once the dispatcher runs (in the app's lifespan)."""
 
     async def __call__(self, events: Sequence[StoredEvent]) -> None:
+        due = first_jobs(events)
+        unrouted = [e for e in events if e.written_with is None]
+        if unrouted:
+            due += await self._route(unrouted)
+        if self.queue is not None and due:
+            await self.queue.enqueue(due)
+
+    async def _route(self, events: Sequence[StoredEvent]) -> list[Due]:
         refs = [EventRef(e.id, e.source, e.kind, e.payload, e.received_at) for e in events]
         try:
             due = await outbox.route_events(self._engine, self._router, refs, self._clock())
         except Exception as exc:
             if self._writable.failed(exc):
-                return  # the sweeper routes them once the store takes writes again
+                return []  # the sweeper routes them once the store takes writes again
             raise
         self._writable.succeeded()
-        if self.queue is not None:
-            await self.queue.enqueue(due)
+        return due

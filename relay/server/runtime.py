@@ -22,7 +22,6 @@ from receivers.config import ReceiverConfig
 from receivers.metrics import Metrics
 from receivers.store import StoreWritable, create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
-from receivers.store.writer import HOOK_DELAY_SECONDS
 from relay.console.access import ConsoleAccess, console_access, mount_console
 from relay.destinations.errors import (
     database_address,
@@ -41,17 +40,11 @@ from relay.observe.metrics import (
 )
 from relay.outbox import RELAY_WRITES, Due
 from relay.outbox.hook import RoutingHook
+from relay.outbox.in_commit import routing_writer
 from relay.server.default_source import GeneratedToken, served_sources
 from relay.server.services import router_for
 from relay.settings import Settings, SettingsError
 from relay.store import migrate
-
-SCALED_HOOK_DELAY_SECONDS = 0.05
-"""The after-commit hook's delay when workers run elsewhere (``redis_url``). Embedded, the
-receivers' 10 ms halves the lag (the routed events go straight to the in-process dispatcher);
-scaled, the workers' 50 ms poll dominates the lag, and hook calls of fewer events made jobs of
-fewer deliveries: at 100 callbacks/s, 10 ms cost the worker 4.8 ms of CPU per event against
-3.0 ms, for a lag p50 of 67 ms against 74 (scripts/bench_e2e.py, alternating runs)."""
 
 
 @dataclass
@@ -117,9 +110,7 @@ class Runtime:
             clock=clock,
             around=relay,
             metrics=metrics,
-            hook_delay=(
-                SCALED_HOOK_DELAY_SECONDS if self.settings.redis_url else HOOK_DELAY_SECONDS
-            ),
+            in_commit=routing_writer(self.settings.destinations),
         )
         if self.console is not None:
 
