@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from arq import func
 from arq.connections import ArqRedis
 from arq.constants import health_check_key_suffix
@@ -28,8 +30,9 @@ AN_HOUR = 3600.0
 
 
 @contextlib.asynccontextmanager
-async def waiting_worker(ran: list[str]) -> AsyncIterator[ArqRedis]:
-    """A relay worker on the machine's Redis that polls once an hour; yields its pool."""
+async def waiting_worker(ran: list[str], poll: float = AN_HOUR) -> AsyncIterator[ArqRedis]:
+    """A relay worker on the machine's Redis that polls every ``poll`` seconds (once an hour
+    by default); yields its pool."""
 
     async def job(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
         ran.append(delivery_ids if isinstance(delivery_ids, str) else ",".join(delivery_ids))
@@ -40,7 +43,7 @@ async def waiting_worker(ran: list[str]) -> AsyncIterator[ArqRedis]:
         queue_name=QUEUE_NAME,
         redis_pool=pool,
         handle_signals=False,
-        poll_delay=AN_HOUR,
+        poll_delay=poll,
         keep_result=0,
         connection=QueueConnection(pool),
     )
@@ -78,3 +81,31 @@ async def test_only_jobs_due_now_wake_a_worker(redis: Redis) -> None:
     assert await queue.enqueue([Due("now", 0, NOW)]) == 0  # queued already: no wake-up
     await queue.connection.aclose()
     await pool.aclose()
+
+
+async def test_a_wake_key_redis_refuses_leaves_the_poll_and_says_so_once(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something else stored under the key's name (a string): jobs still start, at the
+    worker's poll (here every 10 ms); one line when wake-ups stop, one when they work again."""
+    caplog.set_level(logging.INFO, logger="relay.dispatch.jobs")
+    await redis.set(WAKE_KEY, "not a list")
+    ran: list[str] = []
+    async with waiting_worker(ran, poll=0.01) as pool:
+        queue = JobQueue(pool, clock=lambda: datetime.now(UTC))
+        for n in range(3):
+            await queue.enqueue([Due(f"d{n}", 0, datetime.now(UTC))])
+            await eventually(lambda n=n: len(ran) == n + 1)
+        await redis.delete(WAKE_KEY)
+        await queue.enqueue([Due("d3", 0, datetime.now(UTC))])
+        await eventually(lambda: len(ran) == 4)
+        await eventually(lambda: len(caplog.records) == 4)
+        await queue.connection.aclose()
+    lines = sorted((r.levelname, r.getMessage().split(":")[0]) for r in caplog.records)
+    assert lines == [
+        ("INFO", "wake-ups on again (enqueuer)"),
+        ("INFO", "wake-ups on again (worker)"),
+        ("WARNING", "wake-ups off (enqueuer)"),
+        ("WARNING", "wake-ups off (worker)"),
+    ]
+    assert not any(r.exc_info for r in caplog.records)

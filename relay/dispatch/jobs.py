@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from arq.connections import ArqRedis, RedisSettings
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from receivers.store import utc_now
 from relay.destinations.errors import describe_error, without_credentials
 from relay.dispatch.queue_connection import QueueConnection, QueueUnavailable, queue_lost
 from relay.outbox import Due
 from relay.settings import SettingsError
+
+log = logging.getLogger(__name__)
 
 QUEUE_NAME = "relay:queue"
 DELIVER_FUNCTION = "deliver"
@@ -80,6 +83,31 @@ async def open_pool(redis_url: str) -> ArqRedis:
     return pool
 
 
+class WakeUps:
+    """Whether :data:`WAKE_KEY` can be used: Redis refuses it when something else was stored
+    under its name. The workers then find new jobs at their next poll; one line is logged when
+    that starts and one when it ends, not one per job."""
+
+    def __init__(self, who: str) -> None:
+        self._who = who
+        self._refused = False
+
+    def refused(self, error: ResponseError) -> None:
+        if not self._refused:
+            self._refused = True
+            log.warning(
+                "wake-ups off (%s): Redis refused %s: %s; jobs start at the next poll",
+                self._who,
+                WAKE_KEY,
+                describe_error(error),
+            )
+
+    def worked(self) -> None:
+        if self._refused:
+            self._refused = False
+            log.info("wake-ups on again (%s)", self._who)
+
+
 def answer_within(seconds: float = COMMAND_TIMEOUT_SECONDS) -> asyncio.Timeout:
     """A bound on a call to the queue's Redis: past it, :class:`TimeoutError` (an outage, see
     :func:`~relay.dispatch.queue_connection.queue_lost`); redis-py drops the connection of a
@@ -102,6 +130,7 @@ class JobQueue:
         self.connection = connection if connection is not None else QueueConnection(pool)
         self._clock = clock
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
+        self.wake_ups = WakeUps("enqueuer")
 
     async def enqueue(self, due: Sequence[Due]) -> int:
         """Enqueue the jobs of these deliveries, each at its time: one per batch job id (the
@@ -150,10 +179,14 @@ class JobQueue:
                 pipe.lpush(WAKE_KEY, 1)
                 pipe.ltrim(WAKE_KEY, 0, 0)
                 await pipe.execute()
+        except ResponseError as refused:  # the key holds something else
+            self.wake_ups.refused(refused)
         except Exception as exc:
             if not queue_lost(exc):
                 raise
             self.connection.lost(exc)
+        else:
+            self.wake_ups.worked()
 
     async def without_jobs(self, due: Sequence[Due]) -> list[Due]:
         """The deliveries whose job is neither queued nor running, as single jobs to enqueue (a

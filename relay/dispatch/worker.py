@@ -21,7 +21,7 @@ from arq import func
 from arq.connections import ArqRedis, log_redis_info
 from arq.constants import in_progress_key_prefix
 from arq.worker import Worker
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.event_loop import LoopName, loop_name
@@ -35,6 +35,7 @@ from relay.dispatch.jobs import (
     QUEUE_NAME,
     WAKE_KEY,
     JobQueue,
+    WakeUps,
     answer_within,
     deliver_job_id,
 )
@@ -254,6 +255,7 @@ class RelayWorker(Worker):
         self.connection = connection if connection is not None else QueueConnection(self.pool)
         self._stranded: set[str] = set()
         """Jobs whose bookkeeping in Redis a lost queue cut short (see :meth:`run_job`)."""
+        self.wake_ups = WakeUps("worker")
 
     async def main(self) -> None:
         """Start up, then poll until cancelled, waiting while the queue is lost."""
@@ -313,8 +315,14 @@ class RelayWorker(Worker):
     async def pause(self, seconds: float) -> None:
         """Wait until the next poll, or less when an enqueuer wakes this worker (a blocking
         read of :data:`~relay.dispatch.jobs.WAKE_KEY`)."""
-        async with answer_within(seconds + COMMAND_TIMEOUT_SECONDS):
-            await self.pool.blpop([WAKE_KEY], timeout=seconds)
+        try:
+            async with answer_within(seconds + COMMAND_TIMEOUT_SECONDS):
+                await self.pool.blpop([WAKE_KEY], timeout=seconds)
+        except ResponseError as refused:  # the key holds something else: poll only
+            self.wake_ups.refused(refused)
+            await asyncio.sleep(seconds)
+        else:
+            self.wake_ups.worked()
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """arq's, one job at a time, skipping the jobs this worker runs (see the class
