@@ -318,13 +318,14 @@ async def open_loop(
     due: Sequence[float],
     connections: int,
     max_connections: int = 0,
+    patience: float = 60.0,
 ) -> Load:
     """Send request ``make(i)`` at ``due[i]`` (``time.monotonic`` seconds) over ``connections``
     keep-alive connections, one request in flight on each. A request due while all are busy
     waits for the first one free, and one more connection is opened for it (up to
     ``max_connections``, as a platform calling a slow endpoint would); its ack latency still
-    counts from ``due[i]``. Returns once every request is answered (or 60 s after the last is
-    due)."""
+    counts from ``due[i]``. Returns once every request is answered (or ``patience`` seconds after
+    the last is due). All due at once: a closed loop over ``connections``."""
     loop = asyncio.get_running_loop()
     load = Load(list(due))
     idle: deque[_Connection] = deque()
@@ -374,9 +375,9 @@ async def open_loop(
                 opening.add(task)
                 task.add_done_callback(opening.discard)
         if due:
-            await asyncio.wait_for(finished, timeout=max(1.0, due[-1] - time.monotonic()) + 60)
+            await asyncio.wait_for(finished, timeout=max(1.0, due[-1] - time.monotonic()) + patience)
     except TimeoutError:
-        log(f"{remaining[0]} requests unanswered 60 s after the last was due")
+        log(f"{remaining[0]} requests unanswered {patience:g} s after the last was due")
     finally:
         load.connections = len(everyone)
         for connection in everyone:
