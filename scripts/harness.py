@@ -375,7 +375,9 @@ async def open_loop(
                 opening.add(task)
                 task.add_done_callback(opening.discard)
         if due:
-            await asyncio.wait_for(finished, timeout=max(1.0, due[-1] - time.monotonic()) + patience)
+            await asyncio.wait_for(
+                finished, timeout=max(1.0, due[-1] - time.monotonic()) + patience
+            )
     except TimeoutError:
         log(f"{remaining[0]} requests unanswered {patience:g} s after the last was due")
     finally:
@@ -616,14 +618,16 @@ def copy_logs(workdir: Path, target: Path) -> None:
         shutil.copy2(path, target / path.name)
 
 
-def flush_redis(url: str) -> int:
-    """FLUSHDB of the Redis database at ``url`` (the run's own); the keys it held."""
+def flush_redis(url: str, only_count: bool = False) -> int:
+    """FLUSHDB of the Redis database at ``url`` (the run's own; ``only_count``: not); the keys
+    it held."""
     import redis  # only the scaled runs need it
 
     client = redis.Redis.from_url(url, socket_timeout=10)
     try:
         keys = int(client.dbsize())
-        client.flushdb()
+        if not only_count:
+            client.flushdb()
         return keys
     except (redis.RedisError, OSError) as exc:
         raise BenchError(f"Redis at {url} is not usable: {exc}") from None
