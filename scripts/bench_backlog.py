@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 import harness
@@ -61,6 +61,7 @@ EVENT_COLUMNS = ["id", "source", "kind", "dedup_key", "received_at", "payload", 
 DELIVERY_COLUMNS = ["id", "event_id", "destination", "policy", "status", "attempts",
                     "schedule_base", "created_at", "first_attempt_at", "last_attempt_at",
                     "next_attempt_at", "last_status_code", "last_error"]  # fmt: skip
+ROUTED_COLUMNS = ["event_id", "routed_at", "deliveries"]
 FIGURES = (  # key, label, unit
     ("sweep_idle_ms", "(a) sweep, nothing due", "ms"),
     ("unrouted_query_ms", "    its unrouted-events query alone", "ms"),
@@ -74,7 +75,24 @@ FIGURES = (  # key, label, unit
 )
 
 
-def rows_for(count: int, offset: int, pool: Sequence[tuple[str, bytes, str]],
+class Body(NamedTuple):
+    kind: str
+    raw: bytes
+    policy: str
+
+    @property
+    def payload(self) -> str:
+        return self.raw.decode()
+
+
+def body_pool(seed: int) -> list[Body]:
+    """5,000 bodies of the harness's mix, each with its kind and its platform retry policy."""
+    return [Body(kind := harness.KINDS[e.path], e.body,
+                 Router.policy_name(PLATFORM_POLICY, kind, json.loads(e.body)))
+            for e in harness.build_events(5000, seed)]  # fmt: skip
+
+
+def rows_for(count: int, offset: int, pool: Sequence[Body],
              rng: random.Random, *, due: bool) -> tuple[list, list, list]:  # fmt: skip
     """(received_events, routed_events, deliveries) rows: ``due`` ones due now and never
     attempted; the others received up to an hour ago, failed 1-5 times, due in 10 min - 10 h."""
@@ -101,7 +119,7 @@ async def copy_rows(dsn: str, rows: tuple[list, list, list], vacuum: bool) -> No
         async with conn.transaction():
             for table, records, columns in zip(
                 ("received_events", "routed_events", "deliveries"), rows,
-                (EVENT_COLUMNS, ["event_id", "routed_at", "deliveries"], DELIVERY_COLUMNS),
+                (EVENT_COLUMNS, ROUTED_COLUMNS, DELIVERY_COLUMNS),
                 strict=True,
             ):  # fmt: skip
                 await conn.copy_records_to_table(table, records=records, columns=columns)
@@ -292,9 +310,7 @@ def run_bench(args: argparse.Namespace) -> Report:
     started = time.monotonic()
     if keys := harness.flush_redis(args.redis_url, only_count=True):
         raise BenchError(f"{args.redis_url} holds {keys} keys; it is flushed: pick an empty one")
-    pool = [(harness.KINDS[e.path], e.body, Router.policy_name(
-        PLATFORM_POLICY, harness.KINDS[e.path], json.loads(e.body)))
-        for e in harness.build_events(5000, args.seed)]  # fmt: skip
+    pool = body_pool(args.seed)
     with Stack("backlog") as stack:
         stack.undo(lambda: harness.flush_redis(args.redis_url))
         _, sink = stack.start_sink()
