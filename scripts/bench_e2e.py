@@ -118,7 +118,7 @@ def drain(sink_port: int, expected: int, patience: float) -> int:
     """Wait until the sink holds ``expected`` records or ``patience`` s pass without progress."""
     count, last_change = -1, time.monotonic()
     while time.monotonic() - last_change < patience:
-        now = harness.sink_call(sink_port, "/_sink/count")
+        now = harness.sink_call(sink_port, "/_sink/count")["requests"]
         if now >= expected:
             return int(now)
         if now != count:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -44,27 +45,19 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-from bench_backlog import (
-    CREATED_DATABASES,
-    DELIVERY_COLUMNS,
-    EVENT_COLUMNS,
-    ROUTED_COLUMNS,
-    Body,
-    body_pool,
-    drop_database,
-    fresh_database,
-)
+from bench_backlog import DELIVERY_COLUMNS, EVENT_COLUMNS, ROUTED_COLUMNS, Body, body_pool
 from benchlib import (
     HOST,
     BenchError,
     Server,
+    admin_execute,
     at_least,
     build_events,
     close_connections,
@@ -196,6 +189,32 @@ def write_config(workdir: Path, database_url: str, token: str) -> Path:
         lines += [f'kinds = ["{UNSENT_KIND}"]']
     config.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return config
+
+
+CREATED_DATABASES: list[str] = []
+"""Databases created and not dropped yet (``run`` drops what is left on the way out)."""
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(
+    admin_dsn: str, workdir: Path, config_for: Callable[[str], Path]
+) -> AsyncIterator[tuple[str, Path]]:
+    """A new database, migrated with `relay db upgrade`; dropped on the way out."""
+    database = f"scrapers_{secrets.token_hex(6)}"
+    dsn = f"{admin_dsn.rsplit('/', 1)[0]}/{database}"
+    await admin_execute(admin_dsn, f'CREATE DATABASE "{database}"')
+    CREATED_DATABASES.append(database)
+    try:
+        config = config_for(dsn.replace("postgresql://", "postgresql+asyncpg://", 1))
+        await asyncio.to_thread(upgrade, config, workdir)
+        yield dsn, config
+    finally:
+        await asyncio.shield(drop_database(admin_dsn, database))
+
+
+async def drop_database(admin_dsn: str, database: str) -> None:
+    await admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    CREATED_DATABASES.remove(database)
 
 
 def upgrade(config: Path, workdir: Path) -> None:

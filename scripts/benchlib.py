@@ -1,94 +1,58 @@
-"""Shared pieces of the scripts in this directory (``bench_ingest.py``, ``bench_relay.py``,
-``chaos.py``).
+"""What is left of the older shared pieces, for the in-process and closed-loop benches
+(``bench_ingest.py``, ``bench_scrapers.py``, ``bench_console.py``, ``bench_line.py``,
+``bench_prune.py``, ``store_cost.py``); everything shared with the end-to-end benches lives in
+:mod:`harness` and is re-exported here under the same names.
 
-- realistic callback bodies (:func:`build_events`, the mix in :data:`KIND_MIX`) and their
-  serialized keep-alive POSTs (:func:`encode_requests`);
-- a lean load generator: ``--concurrency`` HTTP/1.1 keep-alive connections driven by asyncio
-  protocol callbacks, one request in flight on each (:func:`open_connections`, :func:`drive`);
-- server subprocesses: start, wait until ready, stop or kill (:func:`start_server`,
-  :func:`wait_ready`, :func:`wait_redis_key`, :func:`stop_server`, :func:`kill_server`) and the
-  `relay` command line (:func:`relay_command`, :func:`relay_argv`);
-- small helpers: :func:`percentile_ms`, :func:`at_least`, :func:`loop_factory`.
-- CPU accounting from /proc: :func:`process_cpu_seconds` (from :mod:`harness`, as are
-  :func:`free_port` and :func:`relay_env`; the machine's is `harness.machine_cpu`).
-
-Everything talks to 127.0.0.1 only.
+- serialized keep-alive POSTs (:func:`encode_requests`) and a closed-loop load generator:
+  connections driven by asyncio protocol callbacks, one request in flight on each
+  (:func:`open_connections`, :func:`drive`);
+- server subprocesses (:func:`start_server`, :func:`wait_ready`, :func:`stop_server`),
+  `relay serve` and uvicorn command lines (:func:`relay_argv`, :func:`uvicorn_argv`,
+  :func:`guarded_uvicorn_argv`, the latter over an internal of the package);
+- a migrated store of a run's own, in process (:func:`fresh_store`, internals by design: those
+  benches time the store itself), :func:`admin_execute`, :func:`bounded`,
+  :func:`sigterm_interrupts`, :func:`percentile_ms`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
-import random
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
 
 import asyncpg
-from harness import free_port as free_port  # the shared pieces, under this module's names
+from harness import HOST as HOST  # the shared pieces, under this module's names
+from harness import BenchError as BenchError
+from harness import Event as Event
+from harness import at_least as at_least
+from harness import build_events as build_events
+from harness import free_port as free_port
+from harness import kind_mix
+from harness import loop_factory as loop_factory
 from harness import process_cpu_seconds as process_cpu_seconds
+from harness import relay_command as relay_command
 from harness import relay_env as relay_env
+from harness import require_local as require_local
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from relay.simulator import factories
-
-HOST = "127.0.0.1"
 SCRIPTS_DIR = Path(__file__).resolve().parent
 READY_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 30.0
 POLL_INTERVAL_SECONDS = 0.05
 LOG_TAIL_CHARS = 3000
-
-Factory = Callable[[random.Random], dict[str, Any]]
-
-# (receiver path below /hooks, weight, factory): a plausible day of platform callbacks.
-KIND_MIX: tuple[tuple[str, int, Factory], ...] = (
-    ("/sms/dlr", 30, lambda rng: factories.sms_dlr(rng=rng)),
-    ("/sms/dlr", 5, lambda rng: factories.sms_dlr(status="UNDELIVERABLE", rng=rng)),
-    ("/sms/inbound", 15, lambda rng: factories.sms_inbound(rng=rng)),
-    ("/sms/inbound", 5, lambda rng: factories.sms_inbound(parts=2, rng=rng)),
-    ("/numinfo/gnp", 15, lambda rng: factories.numinfo_gnp(rng=rng)),
-    ("/conversations", 15, lambda rng: factories.conversations_status(rng=rng)),
-    ("/tts/events", 15, lambda rng: factories.tts_event(rng=rng)),
-)
-
-
-class BenchError(Exception):
-    """The run could not be carried out (as opposed to a failed stored check)."""
-
+KIND_MIX = tuple(kind_mix())  # (receiver path below /hooks, weight, factory)
 
 # --- payloads and requests -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Event:
-    """One callback: its path below /hooks and its JSON body."""
-
-    path: str
-    body: bytes
-
-
-def build_events(count: int, seed: int) -> list[Event]:
-    """``count`` distinct callbacks, mixed across kinds per :data:`KIND_MIX`."""
-    rng = random.Random(seed)
-    weights = [weight for _, weight, _ in KIND_MIX]
-    picks = rng.choices(KIND_MIX, weights=weights, k=count)
-    events = [Event(path, json.dumps(make(rng)).encode()) for path, _, make in picks]
-    if len({event.body for event in events}) != count:
-        raise BenchError("the factories produced duplicate bodies; the stored check needs none")
-    return events
 
 
 def encode_requests(
@@ -303,13 +267,6 @@ def start_server(
     return Server(name, process, port, log_path)
 
 
-def kill_server(server: Server) -> int:
-    """SIGKILL (the process gets no chance to clean up) and reap; returns the exit status."""
-    if server.process.poll() is None:
-        server.process.kill()
-    return server.process.wait()
-
-
 def stop_server(server: Server) -> int:
     """SIGTERM, then wait (SIGKILL after the grace period); returns the exit status."""
     if server.process.poll() is None:
@@ -347,25 +304,6 @@ async def wait_ready(server: Server, path: str) -> None:
             return
         await asyncio.sleep(POLL_INTERVAL_SECONDS)
     raise BenchError(f"{server.name} did not answer {path} in time:\n{server.log_tail()}")
-
-
-async def wait_redis_key(server: Server, url: str, key: str) -> None:
-    """Until ``key`` exists in the Redis database at ``url`` (e.g. the health-check key an arq
-    worker writes once its start-up has run); fails when ``server`` exits first."""
-    import redis.asyncio  # only the relay benchmarks need Redis
-
-    client = redis.asyncio.Redis.from_url(url)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            if server.process.poll() is not None:
-                raise BenchError(f"{server.name} exited early:\n{server.log_tail()}")
-            if await client.exists(key):
-                return
-            await asyncio.sleep(POLL_INTERVAL_SECONDS)
-    finally:
-        await client.aclose()
-    raise BenchError(f"{server.name} did not start in time:\n{server.log_tail()}")
 
 
 def uvicorn_argv(app: str, port: int) -> list[str]:
@@ -420,17 +358,6 @@ def guarded_uvicorn_argv(app: str, port: int) -> list[str]:
     return [sys.executable, "-c", GUARDED_SERVER, str(SCRIPTS_DIR), app, HOST, str(port)]
 
 
-def relay_command() -> list[str]:
-    """The `relay` console script of this interpreter's environment."""
-    script = Path(sys.executable).with_name("relay")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("relay")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "import sys; from relay.cli import main; sys.exit(main())"]
-
-
 def relay_argv(port: int, config: Path) -> list[str]:
     command = relay_command()
     help_text = subprocess.run(
@@ -463,28 +390,6 @@ def percentile_ms(latencies_ns: Sequence[int], fraction: float) -> float:
     return latencies_ns[rank - 1] / 1e6
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
-        return value
-
-    return parse
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when installed (a leaner load generator), else asyncio's default."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return cast(Callable[[], asyncio.AbstractEventLoop], uvloop.new_event_loop)
-
-
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
-
-
 T = TypeVar("T")
 
 
@@ -514,13 +419,6 @@ async def admin_execute(dsn: str, sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
-
-
-def require_local(url: str, what: str) -> None:
-    """Refuse any service that is not on this machine's loopback."""
-    host = urlsplit(url).hostname
-    if host not in LOCAL_HOSTS:
-        raise BenchError(f"{what} must be on 127.0.0.1 (got host {host!r})")
 
 
 @contextlib.asynccontextmanager

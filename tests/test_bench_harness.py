@@ -84,9 +84,12 @@ async def test_a_request_waiting_for_a_connection_counts_its_wait() -> None:
     assert ack_ms[2] > (load.acked[2] - load.sent[2]) * 1000
 
 
-async def _call(app: harness.Asgi, method: str, path: str, body: bytes = b"") -> bytes:
+async def _call(
+    app: harness.Asgi, method: str, path: str, body: bytes = b"", status: int = 200, **headers: str
+) -> bytes:
     sent: list[dict[str, Any]] = []
     messages = [{"type": "http.request", "body": body, "more_body": False}]
+    raw = [(name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()]
 
     async def receive() -> dict[str, Any]:
         return messages.pop(0)
@@ -94,8 +97,8 @@ async def _call(app: harness.Asgi, method: str, path: str, body: bytes = b"") ->
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await app({"type": "http", "method": method, "path": path, "headers": []}, receive, send)
-    assert sent[0]["status"] == 200
+    await app({"type": "http", "method": method, "path": path, "headers": raw}, receive, send)
+    assert sent[0]["status"] == status
     return bytes(sent[1]["body"])
 
 
@@ -103,22 +106,54 @@ def test_the_sink_records_arrival_minus_received_at() -> None:
     sink = harness.make_sink()
     envelope = {"id": "e1", "received_at": "2026-03-01T12:00:00.250000Z", "payload": {}}
 
-    async def play() -> tuple[list[list[Any]], int]:
+    async def play() -> tuple[list[list[Any]], dict[str, int]]:
         with freeze_time("2026-03-01 12:00:00.750"):
             await _call(sink, "POST", "/deliveries", json.dumps(envelope).encode())
         await _call(sink, "POST", "/deliveries", b"not an envelope")
         records = json.loads(await _call(sink, "GET", "/_sink/records"))
-        count = int(await _call(sink, "GET", "/_sink/count"))
+        count = json.loads(await _call(sink, "GET", "/_sink/count"))
         await _call(sink, "POST", "/_sink/reset")
-        assert await _call(sink, "GET", "/_sink/count") == b"0"
+        assert json.loads(await _call(sink, "GET", "/_sink/count"))["requests"] == 0
         return records, count
 
     records, count = asyncio.run(play())
-    assert count == 2
+    assert count == {"requests": 2, "distinct": 2}
     [(event_id, received_at, lag)] = records
     assert event_id == "e1"
     assert received_at == 1772366400.25
     assert abs(lag - 0.5) < 1e-6
+
+
+def test_a_failing_sink_answers_500_and_keeps_the_answer_apart() -> None:
+    """In mode ``fail`` a POST gets 500 and is not a record; every answer is kept, by the
+    ``webhook-id`` header, with its status and the mode it met."""
+    sink = harness.make_sink()
+    envelope = json.dumps({"id": "e1", "received_at": "2026-03-01T12:00:00Z"}).encode()
+
+    async def play() -> tuple[list[list[Any]], list[list[Any]]]:
+        await _call(sink, "POST", "/_sink/mode", b'{"mode": "fail"}')
+        await _call(sink, "POST", "/d", envelope, status=500, webhook_id="w1")
+        await _call(sink, "POST", "/_sink/mode", b'{"mode": "ok"}')
+        await _call(sink, "POST", "/d", envelope, webhook_id="w1")
+        await _call(sink, "POST", "/_sink/mode", b'{"mode": "late"}', status=400)
+        records = json.loads(await _call(sink, "GET", "/_sink/records"))
+        return records, json.loads(await _call(sink, "GET", "/_sink/answers"))
+
+    records, answers = asyncio.run(play())
+    assert [row[0] for row in records] == ["w1"]
+    assert [(row[0], row[2], row[3]) for row in answers] == [("w1", 500, "fail"), ("w1", 200, "ok")]
+
+
+def test_a_prometheus_figure_is_summed_over_its_samples() -> None:
+    text = (
+        "# TYPE relay_sweeps_total counter\n"
+        'relay_sweeps_total{outcome="ok"} 3.0\n'
+        'relay_sweeps_total{outcome="failed"} 1.0\n'
+        "relay_sweeps_created 1.7e9\n"
+    )
+    assert harness.metric(text, "relay_sweeps_total") == 4.0
+    assert harness.metric(text, "relay_sweeps_total", outcome="ok") == 3.0
+    assert harness.metric(text, "relay_missing_total") == 0.0
 
 
 def test_every_report_is_a_new_event() -> None:
