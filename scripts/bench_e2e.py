@@ -31,6 +31,9 @@ shown as ``bench``. ``others`` is the machine's CPU used by anything but these p
 noise of a shared machine, to read the figures with.
 
     PYTHONPATH=. python3 scripts/bench_e2e.py --rates 100,500 --seconds 20 [--json]
+
+``--profile DIR`` also records each measured phase of serve and worker with ``py-spy`` (installed
+apart: ``pip install py-spy``) as collapsed stacks, to find what bounds a rate.
 """
 
 from __future__ import annotations
@@ -160,7 +163,10 @@ def measure(
         {r: harness.cpu_seconds(p) for r, p in roles.items()},
         time.process_time(),
     )
+    profilers = profile(target, rate, args) if args.profile and not baseline else []
     load = asyncio.run(paced(target, rate, args.seconds, args.connections, args.max_connections))
+    for profiler in profilers:
+        profiler.wait()
     ok = [i for i, s in enumerate(load.status) if s // 100 == 2]
     delivered = drain(sink_port, len(ok), args.drain)
     roles_after = pids(target, sink)
@@ -200,6 +206,24 @@ def measure(
     return result
 
 
+def profile(target: Target, rate: float, args: argparse.Namespace) -> list[subprocess.Popen]:
+    """``py-spy record`` of serve (and worker) for the measured phase, as collapsed stacks in
+    ``--profile``'s directory (its sampling costs CPU: read the figures of such a run apart)."""
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    seconds = str(max(1, round(args.seconds)))
+    profilers = []
+    for role, proc in target.procs.items():
+        if role in ("serve", "worker"):
+            output = str(out / f"{target.name}-{rate:.0f}-{role}.txt")
+            argv = ["py-spy", "record", "--nonblocking", "--subprocesses", "--format", "raw",
+                    "--duration", seconds, "--pid", str(proc.pid), "--output", output]  # fmt: skip
+            profilers.append(
+                subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+    return profilers
+
+
 def line(r: dict[str, Any]) -> str:
     cpu = " ".join(f"{k}={v:.2f}" for k, v in r["cpu_ms_per_event"].items())
     ratio = f" x{r['lag_ratio']:.1f}" if "lag_ratio" in r else ""
@@ -227,6 +251,7 @@ def main() -> int:
     parser.add_argument("--max-rate", type=float, default=4000.0, help="--find-capacity's cap")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy profiles of each phase here")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",")]
     modes = [mode for mode in args.modes.split(",") if mode]
