@@ -182,3 +182,22 @@ async def test_a_router_that_cannot_be_loaded_leaves_the_events_stored(
         receipt = await writer.store(arrival("r-1"))
     assert not receipt.duplicate and receipt.written_with is None
     assert await routed_count(engine) == 0
+
+
+async def test_a_long_list_of_destinations_reaches_the_writer_wherever_it_runs(
+    engine: AsyncEngine, lane: tuple[str, bool]
+) -> None:
+    """Their filters are over the system's limit on one command-line argument (128 KiB): the
+    writer's own process gets them on its socket."""
+    many = {
+        f"destination-{n:04d}": parse_destination_config(
+            {"type": "http", "url": f"http://127.0.0.1:9/{n}", "sources": ["default", "other"]}
+        )
+        for n in range(1200)
+    }
+    writer = routing_writer(many)
+    assert len(writer.to_json()) > 128 * 1024
+    async for running in running_writer(engine, lane, writer):
+        receipt = await running.store(arrival("r-1"))
+    assert len(receipt.written_with) == 1200
+    assert len(await deliveries_of(engine, receipt.event_id)) == 1200

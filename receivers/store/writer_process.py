@@ -26,12 +26,14 @@ platform retries, and an item that was committed after all is then a duplicate),
 that arrive meanwhile too, and a new process is started after :data:`RESTART_DELAY_SECONDS`.
 
 The wire: each message is a frame, its length (4 bytes, little-endian) then a value in
-:mod:`marshal`'s format (both ends are this same interpreter). Server -> process:
+:mod:`marshal`'s format (both ends are this same interpreter). Server -> process: first, when
+the server has one, ``("in-commit", json)``, the in-commit writer to load (on the socket, not the
+command line: a long list of destinations would pass the system's limit on an argument); then
 ``(sent_at, records)``, the server's clock when it sent them and the items as tuples
 (:func:`record_of`); process -> server: ``(received_at, answers)`` for the oldest items not
 answered yet, in order: per item ``(event id, duplicate, written with)`` (the last: what the
-in-commit writer answered, see :mod:`receivers.store.in_commit`, which the process loads from
-its optional third argument), ``None`` for a quarantined body, or
+in-commit writer answered, see :mod:`receivers.store.in_commit`), ``None`` for a quarantined
+body, or
 ``[kind, reason]`` (a list) when it could not be stored: ``"full"`` or ``"unreachable"`` when the
 store refuses writes (:class:`StoreFull`, :class:`StoreUnreachable`, which the server's
 :class:`~receivers.store.writable.StoreWritable` notes and logs once), else ``"unavailable"``.
@@ -65,7 +67,7 @@ from receivers.event_loop import LoopName, loop_factory, loop_name
 from receivers.store.batches import BatchRows, insert_new_events, stored_events, write_items
 from receivers.store.coalescer import AdaptiveGroupSize, Coalescer
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, json_text, sqlite_pragmas
-from receivers.store.in_commit import InCommitWriter
+from receivers.store.in_commit import InCommit, InCommitWriter
 from receivers.store.records import (
     Arrival,
     Clock,
@@ -85,6 +87,8 @@ log = logging.getLogger(__name__)
 WRITER_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s (event writer process): %(message)s"
 
 HEADER = struct.Struct("<I")
+IN_COMMIT = "in-commit"
+"""The first frame's tag when it carries the in-commit writer."""
 EVENT, REJECTION = 0, 1
 
 Record = tuple[Any, ...]
@@ -275,7 +279,6 @@ class ProcessLane:
                     "receivers.store.writer_process",
                     self._database,
                     loop_name(self._loop),  # the server's kind of loop
-                    *([self._in_commit.to_json()] if self._in_commit is not None else []),
                 ],
                 stdin=theirs,
                 stdout=subprocess.DEVNULL,
@@ -302,7 +305,10 @@ class ProcessLane:
             log.warning("the event writer process exited with status %s", status)
 
     def _connected(self, transport: asyncio.Transport) -> None:
+        """The process is there: its first frame, before any item, is the in-commit writer."""
         self._transport = transport
+        if self._in_commit is not None:
+            transport.write(frame((IN_COMMIT, self._in_commit.to_json())))
 
     def _lost(self) -> None:
         """The process is gone: fail whoever waits, start another one soon."""
@@ -486,13 +492,11 @@ class WriterConnection:
         return self._connection
 
 
-async def serve(
-    database: str, sock: socket.socket, in_commit: InCommitWriter | None = None
-) -> None:
+async def serve(database: str, sock: socket.socket) -> None:
     """Write what comes over ``sock`` into ``database`` until the socket is closed, with what
-    ``in_commit`` writes for the new events."""
+    the in-commit writer of its first frame (if it is one) writes for the new events."""
     store = WriterConnection(database)
-    also = in_commit.load() if in_commit is not None else None
+    also: InCommit | None = None
     checkpoints = WalCheckpointer(database)
     loop = asyncio.get_running_loop()
     closed = loop.create_future()
@@ -523,7 +527,11 @@ async def serve(
             self._reader = FrameReader()
 
         def data_received(self, data: bytes) -> None:
+            nonlocal also
             for sent_at, records in self._reader.feed(data):
+                if sent_at == IN_COMMIT:
+                    also = InCommitWriter.from_json(records).load()
+                    continue
                 sent = datetime.fromisoformat(sent_at)
                 for record in records:
                     group.put((item_of(record), sent))
@@ -574,21 +582,19 @@ def _begin(connection: Connection) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) not in (3, 4) or argv[2] not in CHILD_LOOPS:
+    if len(argv) != 3 or argv[2] not in CHILD_LOOPS:
         print(
-            "usage: python -m receivers.store.writer_process DATABASE asyncio|uvloop "
-            "[IN_COMMIT_JSON]",
+            "usage: python -m receivers.store.writer_process DATABASE asyncio|uvloop",
             file=sys.stderr,
         )
         return 2
-    in_commit = InCommitWriter.from_json(argv[3]) if len(argv) == 4 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl+C: it closes the socket
     # the server's text format (its JSON format is the server's own: not known here)
     logging.basicConfig(format=WRITER_LOG_FORMAT)
     sock = socket.socket(fileno=os.dup(sys.stdin.fileno()))
     try:
         with asyncio.Runner(loop_factory=loop_factory(cast(LoopName, argv[2]))) as runner:
-            runner.run(serve(argv[1], sock, in_commit))
+            runner.run(serve(argv[1], sock))
     except (BrokenPipeError, ConnectionResetError):
         return 1  # the server is gone; what was acknowledged is committed
     return 0
