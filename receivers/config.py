@@ -40,9 +40,23 @@ class ReceiverConfig:
             check_source_name(name)
 
 
+def check_storable_name(what: str, name: str) -> None:
+    """ValueError unless the store can hold ``name`` in a column: not empty, no control
+    character (PostgreSQL's text refuses NUL), no unpaired surrogate (not UTF-8)."""
+    if not name:
+        raise ValueError(f"{what} name cannot be empty")
+    unstorable = any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in name)
+    if unstorable:
+        raise ValueError(
+            f"{what} name {name.encode('utf-8', 'backslashreplace').decode()!r} holds a control "
+            "character or an unpaired surrogate, which the store cannot hold"
+        )
+
+
 def check_source_name(name: str) -> None:
     """ValueError unless ``name`` can name a source: a URL path segment that no receiver path
-    takes, at most :data:`SOURCE_NAME_LENGTH` characters."""
+    takes, at most :data:`SOURCE_NAME_LENGTH` characters, that the store can hold."""
+    check_storable_name("source", name)
     if name in RESERVED_SOURCE_NAMES:
         raise ValueError(f"source name {name!r} is taken by a receiver path")
     if not name or name != name.strip() or name in (".", "..") or any(c in name for c in "/?#"):

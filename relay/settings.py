@@ -24,7 +24,7 @@ from pydantic_settings import SettingsError as EnvParseError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name
+from receivers.config import DEFAULT_MAX_BODY_BYTES, check_source_name, check_storable_name
 from receivers.sources import Network, SourceConfig, check_not_everyone
 from relay.console.config import ConsoleConfig
 from relay.counts import Count
@@ -117,6 +117,7 @@ class Settings(BaseSettings):
     def _names_fit_the_store(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         what = {"destinations": "destination", "policies": "policy"}[info.field_name or ""]
         for name in value:
+            check_storable_name(what, name)
             if len(name) > NAME_LENGTH:
                 raise ValueError(
                     f"{what} name {name[:16]!r}... is longer than {NAME_LENGTH} characters"

@@ -370,3 +370,32 @@ def test_an_unreadable_config_file_is_one_line(
     assert result.exit_code == 1
     [line] = result.output.splitlines()
     assert message in line and line.startswith(f"Error: config file {config}")
+
+
+@pytest.mark.parametrize("what", ["destination", "policy", "source"])
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [('""', "cannot be empty"), ('"tab\\there"', "control character"), ('"nul\\u0000"', "control")],
+)
+def test_a_name_the_store_cannot_hold_is_refused(
+    tmp_path: Path, what: str, key: str, shown: str
+) -> None:
+    table = {
+        "destination": f'[destinations.{key}]\ntype = "http"\nurl = "http://127.0.0.1:9/"\n',
+        "policy": f'[policies.{key}]\ntype = "delays"\ndelays = ["1s"]\n',
+        "source": f'[sources.{key}]\ntoken = "{TOKEN}"\n',
+    }[what]
+    with pytest.raises(SettingsError, match=f"{what} name .*{shown}"):
+        load_settings(write_config(tmp_path, "sqlite:///x.db", table))
+
+
+def test_a_destination_name_with_an_unpaired_surrogate_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the environment's JSON can spell one (TOML cannot): events routed to it could never
+    be stored, and every event would stay unrouted."""
+    monkeypatch.setenv(
+        "RELAY_DESTINATIONS", '{"bad\\ud800": {"type": "http", "url": "http://127.0.0.1:9/"}}'
+    )
+    with pytest.raises(SettingsError, match=r"destination name 'bad\\\\ud800' holds"):
+        load_settings(write_config(tmp_path, "sqlite:///x.db"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -11,9 +12,12 @@ from receivers import StoredEvent
 from receivers.store import StoreWritable
 from relay import outbox
 from relay.dispatch import Dispatcher
+from relay.observe.trouble import Trouble
 from relay.outbox import Due, EventRef
 from relay.outbox.in_commit import first_jobs
 from relay.outbox.router import Router
+
+log = logging.getLogger(__name__)
 
 
 class RoutingHook:
@@ -39,6 +43,7 @@ class RoutingHook:
         self._router = router
         self._clock = clock
         self._writable = writable if writable is not None else StoreWritable(outbox.RELAY_WRITES)
+        self._trouble = Trouble(log, "routing events after their commit")
         self.queue: Dispatcher | None = None
         """Attached once the dispatcher runs (in the app's lifespan)."""
 
@@ -55,8 +60,9 @@ class RoutingHook:
         try:
             due = await outbox.route_events(self._engine, self._router, refs, self._clock())
         except Exception as exc:
-            if self._writable.failed(exc):
-                return []  # the sweeper routes them once the store takes writes again
-            raise
+            if not self._writable.failed(exc):
+                self._trouble.failed(exc)
+            return []  # the sweeper routes them, once the store takes writes or routing works
         self._writable.succeeded()
+        self._trouble.worked()
         return due

@@ -27,6 +27,7 @@ from relay import outbox
 from relay.dispatch import Dispatcher
 from relay.dispatch.queue_connection import QueueUnavailable
 from relay.observe.metrics import WorkerMetrics
+from relay.observe.trouble import Trouble
 from relay.outbox import Due
 from relay.outbox.router import Router
 
@@ -74,6 +75,7 @@ class Sweeper:
         self._scan_from: datetime | None = None  # None: scan every stored event (first sweep)
         self._metrics = metrics if metrics is not None else WorkerMetrics()
         self._queue_back = asyncio.Event()
+        self._trouble = Trouble(log, "sweep")
 
     async def sweep(self) -> SweepReport:
         """One pass: route what was not routed, then enqueue what is due and has no job.
@@ -123,7 +125,7 @@ class Sweeper:
         """Sweep forever (cancel to stop): at once, then every ``interval``, and at once when
         the queue is back after an outage (it waits meanwhile). A sweep that fails is tried
         again at the next of those: the store's refusals are logged once each (``writable``),
-        another error with its traceback."""
+        another error once with its traceback, until a sweep works again."""
         connection = self._queue.connection
         connection.on_back(self._queue_back.set)
         while True:
@@ -140,7 +142,9 @@ class Sweeper:
                 pass  # the queue's connection said so: the sweep is run again once it is back
             except Exception as exc:
                 if not self._writable.failed(exc):
-                    log.exception("sweep failed; retrying in %s", self._interval)
+                    self._trouble.failed(exc)
+            else:
+                self._trouble.worked()
             if not connection.connected:
                 continue
             with contextlib.suppress(TimeoutError):
