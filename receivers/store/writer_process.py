@@ -30,7 +30,9 @@ The wire: each message is a frame, its length (4 bytes, little-endian) then a va
 the server has one, ``("in-commit", json)``, the in-commit writer to load (on the socket, not the
 command line: a long list of destinations would pass the system's limit on an argument); then
 ``(sent_at, records)``, the server's clock when it sent them and the items as tuples
-(:func:`record_of`); process -> server: ``(received_at, answers)`` for the oldest items not
+(:func:`record_of`); process -> server: ``("log", [level, logger, text])`` for each of its
+log records (:class:`ToServer`: the server logs them as its own), and ``(received_at,
+answers)`` for the oldest items not
 answered yet, in order: per item ``(event id, duplicate, written with)`` (the last: what the
 in-commit writer answered, see :mod:`receivers.store.in_commit`), ``None`` for a quarantined
 body, or
@@ -84,11 +86,12 @@ from receivers.store.wal_checkpoints import BACKSTOP_PAGES, WalCheckpointer
 from receivers.store.writable import StoreWritable
 
 log = logging.getLogger(__name__)
-WRITER_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s (event writer process): %(message)s"
 
 HEADER = struct.Struct("<I")
 IN_COMMIT = "in-commit"
 """The first frame's tag when it carries the in-commit writer."""
+LOG = "log"
+"""The tag of a frame that carries one of the process's log records to the server."""
 EVENT, REJECTION = 0, 1
 
 Record = tuple[Any, ...]
@@ -423,7 +426,11 @@ class _Answers(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for received_at, answers in self._reader.feed(data):
-            self._lane._answered(received_at, answers)
+            if received_at == LOG:
+                level, name, text = answers
+                logging.getLogger(name).log(level, "%s", text)  # the server's handlers
+            else:
+                self._lane._answered(received_at, answers)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lane._lost()
@@ -542,11 +549,32 @@ async def serve(database: str, sock: socket.socket) -> None:
 
     try:
         transport, _ = await loop.connect_accepted_socket(Items, sock)
+        logging.getLogger().addHandler(ToServer(transport))
         await closed
         await group.drain()
     finally:
         store.dispose()
         checkpoints.close()
+
+
+class ToServer(logging.Handler):
+    """The process's log records, sent to the server as ``("log", [level, logger, text])``
+    frames, which it logs through its own handlers (its format, JSON or text, and its masking of
+    secrets); the traceback of a record is part of its text. Records when the server is gone
+    go to standard error."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__()
+        self._transport = transport
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        if self._transport.is_closing():
+            sys.stderr.write(f"{record.levelname} {record.name} (event writer process): {text}\n")
+            return
+        self._transport.write(frame((LOG, [record.levelno, record.name, text])))
 
 
 def _unwire(answer: WireAnswer) -> Receipt | StoreUnavailable | None:
@@ -589,8 +617,7 @@ def main(argv: Sequence[str]) -> int:
         )
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl+C: it closes the socket
-    # the server's text format (its JSON format is the server's own: not known here)
-    logging.basicConfig(format=WRITER_LOG_FORMAT)
+    logging.getLogger().setLevel(logging.INFO)  # its records go to the server (ToServer)
     sock = socket.socket(fileno=os.dup(sys.stdin.fileno()))
     try:
         with asyncio.Runner(loop_factory=loop_factory(cast(LoopName, argv[2]))) as runner:
