@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import ip_network
@@ -40,16 +41,21 @@ class ReceiverConfig:
             check_source_name(name)
 
 
+UNSHOWABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+"""Unicode categories a name may not hold: controls (PostgreSQL's text refuses NUL), format
+characters (a right-to-left override would spoof lists and logs), unpaired surrogates (not
+UTF-8: no store holds them), private and unassigned code points, line and paragraph separators."""
+
+
 def check_storable_name(what: str, name: str) -> None:
-    """ValueError unless the store can hold ``name`` in a column: not empty, no control
-    character (PostgreSQL's text refuses NUL), no unpaired surrogate (not UTF-8)."""
-    if not name:
-        raise ValueError(f"{what} name cannot be empty")
-    unstorable = any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in name)
-    if unstorable:
+    """ValueError unless ``name`` can name a thing in the store, the CLI and the logs: not
+    blank, and no character of :data:`UNSHOWABLE`."""
+    if not name.strip():
+        raise ValueError(f"{what} name cannot be empty or blank")
+    if any(unicodedata.category(c) in UNSHOWABLE for c in name):
         raise ValueError(
-            f"{what} name {name.encode('utf-8', 'backslashreplace').decode()!r} holds a control "
-            "character or an unpaired surrogate, which the store cannot hold"
+            f"{what} name {name!r} holds a control, format or unassigned character, or an "
+            "unpaired surrogate"
         )
 
 

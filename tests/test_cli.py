@@ -375,7 +375,14 @@ def test_an_unreadable_config_file_is_one_line(
 @pytest.mark.parametrize("what", ["destination", "policy", "source"])
 @pytest.mark.parametrize(
     ("key", "shown"),
-    [('""', "cannot be empty"), ('"tab\\there"', "control character"), ('"nul\\u0000"', "control")],
+    [
+        ('""', "cannot be empty"),
+        ('"  "', "cannot be empty or blank"),
+        ('"tab\\there"', "control"),
+        ('"nul\\u0000"', "control"),
+        ('"crm\\u202egpj.exe"', "format"),  # a right-to-left override spoofs lists and logs
+        ('"two\\u2028lines"', "control"),
+    ],
 )
 def test_a_name_the_store_cannot_hold_is_refused(
     tmp_path: Path, what: str, key: str, shown: str
@@ -397,5 +404,5 @@ def test_a_destination_name_with_an_unpaired_surrogate_is_refused(
     monkeypatch.setenv(
         "RELAY_DESTINATIONS", '{"bad\\ud800": {"type": "http", "url": "http://127.0.0.1:9/"}}'
     )
-    with pytest.raises(SettingsError, match=r"destination name 'bad\\\\ud800' holds"):
+    with pytest.raises(SettingsError, match=r"destination name 'bad\\ud800' holds"):
         load_settings(write_config(tmp_path, "sqlite:///x.db"))

@@ -213,6 +213,15 @@ def test_the_worker_start_line_shows_the_database_without_any_of_its_password() 
     assert "pa55" not in line and "word" not in line
 
 
+def test_the_worker_start_line_names_twenty_destinations_and_counts_the_rest() -> None:
+    http = {"type": "http", "url": "http://127.0.0.1:9/"}
+    settings = Settings(destinations={f"d{n:04d}": http for n in range(2500)})
+    line = started_line(settings, "asyncio")
+    assert "destinations d0000 (http), d0001 (http)," in line
+    assert "d0019 (http) and 2480 more;" in line and "d0020" not in line
+    assert len(line) < 1000
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_a_record_that_cannot_be_printed_is_one_masked_line_without_its_arguments(
     root_logger: None, log_format: str

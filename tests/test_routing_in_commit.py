@@ -7,6 +7,7 @@ on SQLite (which loads the router itself)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from receivers.store.in_commit import InCommitWriter, WriteInCommit
 from receivers.store.records import Receipt
 from receivers.store.writer import EventWriter
 from relay.destinations import parse_destination_config
+from relay.observe.logs import JsonLines
 from relay.outbox import DELIVERIES, ROUTED
 from relay.outbox.in_commit import first_jobs, routing_writer
 from tests.store_support import NOW, arrival, stored_events
@@ -162,8 +164,10 @@ async def test_a_failing_router_never_costs_an_event_and_says_so_once_per_change
     broken = InCommitWriter(f"{__name__}:failing_on_bad_keys")
     async for writer in running_writer(engine, lane, broken):
         first = await writer.store(arrival("bad-1"))
+        retried = await writer.store(arrival("bad-1"))  # a copy: the router is not called
         second = await writer.store(arrival("bad-2"))
         fine = await writer.store(arrival("good-1"))
+    assert retried.duplicate
     assert not first.duplicate and not second.duplicate
     assert first.written_with is None and second.written_with is None  # stored, unrouted
     assert fine.written_with == []
@@ -173,7 +177,9 @@ async def test_a_failing_router_never_costs_an_event_and_says_so_once_per_change
         ("ERROR", "writing the outbox with the events failed"),
         ("INFO", "writing the outbox with the events works again"),
     ]
-    assert "RuntimeError: a router fault" in caplog.text  # with its traceback
+    error = caplog.records[0]
+    # with its traceback, where formatters print an exception (the JSON lines' "exception")
+    assert "RuntimeError: a router fault" in json.loads(JsonLines().format(error))["exception"]
 
 
 async def test_a_router_that_cannot_be_loaded_leaves_the_events_stored(

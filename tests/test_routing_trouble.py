@@ -72,13 +72,19 @@ async def test_the_hook_logs_a_failing_router_once_and_its_recovery_once(
     assert await unrouted_count(engine, clock) == 3
     router.broken = False
     await hook([events[2]])
-
     assert await unrouted_count(engine, clock) == 2
+    router.broken = True
+    await hook([events[0]])
+    routed_in_their_commit = StoredEvent("e", "default", "sms.dlr", clock(), {}, written_with=[])
+    await hook([routed_in_their_commit])  # routing works again, in the writer
+
     assert trouble_lines(caplog, "relay.outbox.hook") == [
         ("ERROR", "routing events after their commit failed"),
         ("INFO", "routing events after their commit works again"),
+        ("ERROR", "routing events after their commit failed"),
+        ("INFO", "routing events after their commit works again"),
     ]
-    assert sum(bool(r.exc_info) for r in caplog.records) == 1
+    assert sum(bool(r.exc_info) for r in caplog.records) == 2
 
 
 async def test_the_sweeper_logs_a_failing_router_once_and_routes_once_it_works(

@@ -167,7 +167,8 @@ async def write_items(
             ids, written_with = await transaction(
                 functools.partial(_write_with, rows=rows, items=items, now=now, in_commit=in_commit)
             )
-            in_commit.succeeded()
+            if written_with:  # it ran (a group without new events does not call it)
+                in_commit.succeeded()
         elif ids is None:
             ids = await transaction(functools.partial(write_rows, rows=rows))
     except InCommitFailed as failed:

@@ -30,9 +30,9 @@ The wire: each message is a frame, its length (4 bytes, little-endian) then a va
 the server has one, ``("in-commit", json)``, the in-commit writer to load (on the socket, not the
 command line: a long list of destinations would pass the system's limit on an argument); then
 ``(sent_at, records)``, the server's clock when it sent them and the items as tuples
-(:func:`record_of`); process -> server: ``("log", [level, logger, text])`` for each of its
-log records (:class:`ToServer`: the server logs them as its own), and ``(received_at,
-answers)`` for the oldest items not
+(:func:`record_of`); process -> server: ``("log", [level, logger, text, traceback])`` for
+each of its log records (:class:`ToServer`: the server logs them as its own), and
+``(received_at, answers)`` for the oldest items not
 answered yet, in order: per item ``(event id, duplicate, written with)`` (the last: what the
 in-commit writer answered, see :mod:`receivers.store.in_commit`), ``None`` for a quarantined
 body, or
@@ -427,8 +427,7 @@ class _Answers(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         for received_at, answers in self._reader.feed(data):
             if received_at == LOG:
-                level, name, text = answers
-                logging.getLogger(name).log(level, "%s", text)  # the server's handlers
+                log_here(*answers)
             else:
                 self._lane._answered(received_at, answers)
 
@@ -558,10 +557,10 @@ async def serve(database: str, sock: socket.socket) -> None:
 
 
 class ToServer(logging.Handler):
-    """The process's log records, sent to the server as ``("log", [level, logger, text])``
-    frames, which it logs through its own handlers (its format, JSON or text, and its masking of
-    secrets); the traceback of a record is part of its text. Records when the server is gone
-    go to standard error."""
+    """The process's log records, sent to the server as ``("log", [level, logger, text,
+    traceback])`` frames, which it logs through its own handlers (its format, JSON or text, and
+    its masking of secrets; :func:`log_here`). Records when the server is gone go to standard
+    error."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         super().__init__()
@@ -569,12 +568,21 @@ class ToServer(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
         if self._transport.is_closing():
             sys.stderr.write(f"{record.levelname} {record.name} (event writer process): {text}\n")
             return
-        self._transport.write(frame((LOG, [record.levelno, record.name, text])))
+        self._transport.write(frame((LOG, [record.levelno, record.name, text, trace])))
+
+
+def log_here(level: int, name: str, text: str, trace: str | None) -> None:
+    """Log a record of the writer process in this one, its traceback as the record's
+    ``exc_text`` (what formatters print of an exception)."""
+    logger = logging.getLogger(name)
+    if logger.isEnabledFor(level):
+        record = logger.makeRecord(name, level, "(event writer process)", 0, "%s", (text,), None)
+        record.exc_text = trace
+        logger.handle(record)
 
 
 def _unwire(answer: WireAnswer) -> Receipt | StoreUnavailable | None:

@@ -50,6 +50,8 @@ log = logging.getLogger("relay.worker")  # stable: users filter on it
 SERVICES = "relay"
 ONE_MICROSECOND = timedelta(microseconds=1)
 SWITCH_INTERVAL_SECONDS = 0.0005
+SHOWN_DESTINATIONS = 20
+"""How many destinations the start line names (`relay destinations list` shows them all)."""
 
 
 async def deliver(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
@@ -77,8 +79,9 @@ def not_this_job(due: list[Due], job_id: str | None) -> list[Due]:
 def started_line(settings: Settings, loop: LoopName) -> str:
     """What a worker says when it starts: its destinations, queue, database, concurrency and
     event loop (addresses without credentials)."""
-    destinations = ", ".join(
-        f"{name} ({destination.type})" for name, destination in settings.destinations.items()
+    named = [f"{name} ({d.type})" for name, d in settings.destinations.items()]
+    destinations = ", ".join(named[:SHOWN_DESTINATIONS]) + (
+        f" and {len(named) - SHOWN_DESTINATIONS} more" if len(named) > SHOWN_DESTINATIONS else ""
     )
     queue = (
         f"Redis at {without_credentials(settings.redis_url)}"

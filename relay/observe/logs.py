@@ -83,6 +83,8 @@ class JsonLines(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted elsewhere: the event writer's process
+            entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
         masked = {

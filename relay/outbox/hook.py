@@ -52,6 +52,8 @@ class RoutingHook:
         unrouted = [e for e in events if e.written_with is None]
         if unrouted:
             due += await self._route(unrouted)
+        else:  # routed in their commit: routing works
+            self._trouble.worked()
         if self.queue is not None and due:
             await self.queue.enqueue(due)
 
