@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -143,6 +144,16 @@ def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
     return {
         pid: (int(fields[11]) + int(fields[12])) / tick for pid in pids if (fields := _stat(pid))
     }
+
+
+def interpolate(samples: Sequence[tuple[float, float]], when: float) -> float:
+    """The value at ``when`` from ``(time, value)`` samples in time order (say, a process's
+    CPU seconds read now and then): linear between the two samples around it, the first or the
+    last sample's value outside them."""
+    for (t0, v0), (t1, v1) in itertools.pairwise(samples):
+        if t0 <= when <= t1:
+            return v0 + (v1 - v0) * (when - t0) / (t1 - t0) if t1 > t0 else v1
+    return samples[0][1] if when < samples[0][0] else samples[-1][1]
 
 
 # --- the sink --------------------------------------------------------------------------------
