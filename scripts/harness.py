@@ -256,6 +256,14 @@ def make_sink() -> Asgi:
     return sink
 
 
+def sink_argv(port: int) -> list[str]:
+    """The command line serving the sink alone on ``port`` (one uvicorn worker)."""
+    here = str(Path(__file__).parent)
+    return [sys.executable, "-m", "uvicorn", "--factory", "harness:make_sink", "--app-dir", here,
+            "--host", HOST, "--port", str(port), "--lifespan", "off", "--no-access-log",
+            "--log-level", "warning"]  # fmt: skip
+
+
 def sink_call(port: int, path: str, method: str = "GET", body: Any = None) -> Any:
     """A control call to the sink (blocking; used between phases only)."""
     data = json.dumps(body).encode() if body is not None else b""
@@ -496,11 +504,7 @@ class Stack:
 
     def start_sink(self) -> tuple[Proc, int]:
         port = free_port()
-        here = str(Path(__file__).parent)
-        argv = [sys.executable, "-m", "uvicorn", "--factory", "harness:make_sink", "--app-dir",
-                here, "--host", HOST, "--port", str(port), "--lifespan", "off", "--no-access-log",
-                "--log-level", "warning"]  # fmt: skip
-        proc = self.start("sink", argv)
+        proc = self.start("sink", sink_argv(port))
         wait_http(proc, port, "/_sink/healthz")
         return proc, port
 
