@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -706,6 +707,22 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+@dataclass
+class Rows:
+    """A report that is a table and checks nothing: JSON, the rows (dataclasses) as a list of
+    objects; text, as ``text(rows)`` writes it."""
+
+    rows: list[Any]
+    text: Callable[[list[Any]], str]
+    problems: list[str] = field(default_factory=list)
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(row) for row in self.rows]
+
+    def as_text(self) -> str:
+        return self.text(self.rows)
 
 
 def run_main(name: str, run: Callable[[], Any], as_json: bool) -> int:
