@@ -16,6 +16,10 @@ database ``--redis-db`` (flushed before and after), with one destination of that
    with confirms, nats-py JetStream publishes, aiomqtt (paho-mqtt) QoS 1 publishes, redis-py
    XADDs; its CPU (this process's) per message.
 
+``--mode embedded``: the store is a SQLite file instead, and after step 1 `relay serve` alone,
+on the same file without ``redis_url``, drains the backlog (its sweeper finds it at start); its
+CPU is that of serve and its writer process together.
+
 Figures per type: worker CPU ms per delivery (and gross), the client's CPU ms per message,
 their ratio, deliveries/s from the first arrival to the last (the sink's, the consumer's, or the
 stream's entry ids: Redis's clock), the deliveries' statuses and the distinct messages that
@@ -26,7 +30,7 @@ file measures any tree: ``PYTHONPATH=<tree> python3 scripts/bench_drain.py``. Ex
 a delivery did not succeed or a message did not arrive, 2 when the run failed::
 
     python scripts/bench_drain.py [--json] [--events 5000] [--concurrency 50]
-        [--types http,amqp,nats,mqtt,redis-stream]
+        [--types http,amqp,nats,mqtt,redis-stream] [--mode scaled|embedded]
 """
 
 from __future__ import annotations
@@ -124,10 +128,14 @@ def drain(args: argparse.Namespace, stack: Stack, kind: str, events: Sequence[ha
                                        "stream": stream})  # fmt: skip
     harness.flush_redis(args.redis_url)
     before = client_cpu(kind, sink, events, args, stream)
-    config = harness.write_settings(workdir / "relay.toml", {
-        "database_url": stack.postgres_database(args.postgres, "drain"),
-        "redis_url": args.redis_url, "worker_concurrency": args.concurrency,
-    }, ("sources.default", {"token": token}), table)  # fmt: skip
+    if args.mode == "scaled":
+        database = stack.postgres_database(args.postgres, "drain")
+    else:
+        database = f"sqlite:///{workdir / 'relay.db'}"
+    top = {"database_url": database, "worker_concurrency": args.concurrency}
+    tables = (("sources.default", {"token": token}), table)
+    config = harness.write_settings(workdir / "relay.toml", top | {"redis_url": args.redis_url},
+                                    *tables)  # fmt: skip
     harness.relay(config, "db", "upgrade")
 
     serve, port = stack.start_serve(config, f"serve-{kind}")
@@ -153,18 +161,27 @@ def drain(args: argparse.Namespace, stack: Stack, kind: str, events: Sequence[ha
         with redis.Redis.from_url(args.redis_url) as client:
             client.delete(stream)
     metrics = harness.free_port()
-    argv = [*harness.relay_command(), "worker", "--config", str(config), "--metrics-port",
-            str(metrics), "--log-level", "warning"]  # fmt: skip
+    if args.mode == "scaled":
+        argv = [*harness.relay_command(), "worker", "--config", str(config), "--metrics-port",
+                str(metrics), "--log-level", "warning"]  # fmt: skip
+    else:  # the same store without redis_url: serve's own sweeper finds the backlog
+        embedded = harness.write_settings(workdir / "embedded.toml", top, *tables)
+        argv = [*harness.relay_command(), "serve", "--config", str(embedded), "--host", HOST,
+                "--port", str(metrics), "--log-level", "warning", "--no-access-log"]  # fmt: skip
     started = time.time()
     worker = stack.start(f"worker-{kind}", argv, harness.relay_env())
-    samples = [(started, 0.0)]  # (time, the worker's CPU seconds)
+    samples = [(started, 0.0)]  # (time, CPU seconds of the worker, or of serve and its writer)
+
+    def cpu() -> float:
+        return sum(harness.cpu_seconds(harness.process_tree(worker.pid)).values())
+
     limit = time.monotonic() + args.drain_timeout
     while succeeded(metrics) < acked:
         if worker.process.poll() is not None or time.monotonic() > limit:
             raise BenchError(f"{kind}: the worker did not drain the backlog:\n{worker.tail()}")
-        samples.append((time.time(), harness.process_cpu_seconds(worker.pid)))
+        samples.append((time.time(), cpu()))
         time.sleep(POLL_S)
-    samples.append((time.time(), harness.process_cpu_seconds(worker.pid)))
+    samples.append((time.time(), cpu()))
     harness.settle(config, time.monotonic() + 30)
     statuses = harness.delivery_statuses(config)
     harness.stop(worker)
@@ -223,10 +240,11 @@ class Report:
             return value
 
         return tidy({"runs": self.runs, "concurrency": self.args.concurrency,
-                     "problems": self.problems})  # fmt: skip
+                     "mode": self.args.mode, "problems": self.problems})  # fmt: skip
 
     def as_text(self) -> str:
-        lines = [f"drain bench: {self.args.events} events, one worker (worker_concurrency "
+        lines = [f"drain bench ({self.args.mode}): {self.args.events} events, one worker "
+                 f"(worker_concurrency "
                  f"{self.args.concurrency}), CPU ms per delivery (first to last arrival) / bare "
                  "client's per message"]  # fmt: skip
         for r in self.runs:
@@ -263,6 +281,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--concurrency", type=at_least(1), default=50,
         help="worker_concurrency, and the bare client's messages in flight")  # fmt: skip
     add("--drain-timeout", type=float, default=300.0, help="seconds for one drain")
+    add("--mode", choices=("scaled", "embedded"), default="scaled",
+        help="scaled: the store on PostgreSQL, `relay worker` drains; embedded: the store on "
+        "SQLite, `relay serve` without redis_url drains (its CPU with its writer's)")  # fmt: skip
     add("--redis-db", type=int, default=12, help="Redis database on 127.0.0.1:6379 (flushed!)")
     add("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres",
         help="PostgreSQL admin URL: a fresh database is made per type (and dropped)")  # fmt: skip
