@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness
 from benchlib import (
     BenchError,
     Connection,
@@ -236,6 +237,10 @@ class Report:
     def ratio(self) -> float:
         return self.receiver.eps / self.baseline.eps if self.baseline.eps else 0.0
 
+    @property
+    def problems(self) -> list[str]:
+        return [] if self.stored_ok else ["stored events differ from those acknowledged"]
+
     def as_json(self) -> dict[str, Any]:
         return {
             "baseline_eps": round(self.baseline.eps, 1),
@@ -343,14 +348,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        try:
-            report = run(args, Path(tmp))
-        except BenchError as exc:
-            print(f"bench_ingest: {exc}", file=sys.stderr)
-            return 2
-    print(json.dumps(report.as_json()) if args.json else report.as_text())
-    return 0 if report.stored_ok else 1
+
+    def run_in_tmp() -> Report:
+        with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+            return run(args, Path(tmp))
+
+    return harness.run_main("bench_ingest", run_in_tmp, args.json)
 
 
 if __name__ == "__main__":

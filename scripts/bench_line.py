@@ -9,7 +9,7 @@ directory, or with ``--database postgresql`` a database of the run's own (``--pg
 Then, ``--rounds`` times, each tree in turn (``--before DIR``, then ``--after DIR``, default this
 checkout): a copy of the backlog (the SQLite file, or ``CREATE DATABASE ... TEMPLATE``), a private
 ``redis-server`` emptied, and ONE `relay worker` (``PYTHONPATH=DIR``) alone drains it into the
-recording sink ``scripts/sink_app.py``. Figure: deliveries/s = (N - 1) / (last - first arrival
+recording sink of ``scripts/harness.py``. Figure: deliveries/s = (N - 1) / (last - first arrival
 at the sink), so start-up does not count; also the worker's CPU per delivery over the run. A
 run fails when an event does not arrive within ``--drain-timeout`` or arrives out of order.
 Prints each run, the median of each tree and the ratio after / before.
@@ -32,9 +32,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
+import harness
 import httpx
 import redis
 from benchlib import (
@@ -49,7 +49,6 @@ from benchlib import (
     relay_env,
     start_server,
     stop_server,
-    uvicorn_argv,
     wait_ready,
 )
 
@@ -159,7 +158,7 @@ async def drain(
         f"http://{HOST}:{sink.port}/relay",
     )
     redis.Redis.from_url(redis_url).flushall()  # the private instance's, no other user
-    base = f"http://{HOST}:{sink.port}/_bench"
+    base = f"http://{HOST}:{sink.port}/_sink"
     async with httpx.AsyncClient(trust_env=False, timeout=60) as client:
         (await client.post(f"{base}/reset")).raise_for_status()
         argv = [*relay_command(), "worker", "--config", str(config), "--log-level", "warning"]
@@ -179,11 +178,11 @@ async def drain(
         finally:
             stop_server(worker)
         records = (await client.get(f"{base}/records")).json()
-    first: dict[str, tuple[float, str]] = {}
-    for webhook_id, arrived, received_at in records:
-        first.setdefault(webhook_id, (arrived, received_at))
+    first: dict[str, tuple[float, float]] = {}
+    for webhook_id, received_at, lag in records:  # received_at: epoch seconds
+        first.setdefault(webhook_id, (received_at + lag, received_at))
     arrivals = sorted((arrived, received, wid) for wid, (arrived, received) in first.items())
-    line = [(datetime.fromisoformat(received), wid) for _, received, wid in arrivals]
+    line = [(received, wid) for _, received, wid in arrivals]
     if line != sorted(line):
         raise BenchError(f"{tree}: the line arrived out of order")
     span = arrivals[-1][0] - arrivals[0][0]
@@ -196,14 +195,12 @@ async def run(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
     redis_argv = ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"]
     servers = [start_server("redis", redis_argv, redis_port, args.workdir, dict(os.environ))]
     sink_port = free_port()
-    sink = start_server(
-        "sink", uvicorn_argv("sink_app:app", sink_port), sink_port, args.workdir, relay_env()
-    )
+    sink = start_server("sink", harness.sink_argv(sink_port), sink_port, args.workdir, relay_env())
     servers.append(sink)
     redis_url = f"redis://{HOST}:{redis_port}/0"
     results: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
     try:
-        await wait_ready(sink, "/_bench/healthz")
+        await wait_ready(sink, "/_sink/healthz")
         sink_url = f"http://{HOST}:{sink_port}/relay"
         await store_backlog(store, args.workdir, args.after, redis_url, sink_url, args.events)
         for number in range(args.rounds * 2):

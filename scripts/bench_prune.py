@@ -32,14 +32,14 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import harness
 from benchlib import BenchError, fresh_store, require_local
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -200,7 +200,7 @@ async def run(backend: str, sizes: list[int], batches: int, admin_dsn: str) -> l
     return rows
 
 
-async def main() -> int:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--sizes", default="10000,1000000")
@@ -210,30 +210,33 @@ async def main() -> int:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    require_local(args.pg_admin_dsn, "PostgreSQL")
     sizes = sorted(int(size) for size in args.sizes.split(","))
     if sizes[0] < 10 * args.batches * retention.BATCH_EVENTS:
         parser.error(f"each size needs at least {10 * args.batches * retention.BATCH_EVENTS}")
-    rows = [
-        row
-        for backend in args.backends.split(",")
-        for row in await run(backend, sizes, args.batches, args.pg_admin_dsn)
-    ]
-    if args.json:
-        print(json.dumps([asdict(row) for row in rows], indent=2))
-        return 0
-    print("backend       events  batch ms  count s  skip 10% kept ms  batch / smallest's")
+
+    async def rows() -> list[Figures]:
+        return [
+            row
+            for backend in args.backends.split(",")
+            for row in await run(backend, sizes, args.batches, args.pg_admin_dsn)
+        ]
+
+    def report() -> harness.Rows:
+        require_local(args.pg_admin_dsn, "PostgreSQL")
+        return harness.Rows(asyncio.run(rows()), as_text)
+
+    return harness.run_main("bench_prune", report, args.json)
+
+
+def as_text(rows: list[Figures]) -> str:
+    lines = ["backend       events  batch ms  count s  skip 10% kept ms  batch / smallest's"]
     for r in rows:
-        print(
+        lines.append(
             f"{r.backend:<10}  {r.events:>8}  {r.batch_ms:>8.1f}  {r.count_s:>7.2f}  "
             f"{r.skip_kept_ms:>16.1f}  {r.ratio_to_smallest:>18}"
         )
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(asyncio.run(main()))
-    except BenchError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

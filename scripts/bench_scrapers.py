@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import random
@@ -44,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import harness
 from bench_backlog import DELIVERY_COLUMNS, EVENT_COLUMNS, ROUTED_COLUMNS, Body, body_pool
 from benchlib import (
     HOST,
@@ -587,31 +586,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Report:
+    args: argparse.Namespace
+    results: list[BackendResult]
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{r.backend}: {r.not_2xx} callbacks not 2xx, {r.scrape_failures} scrapes "
+                "failed" for r in self.results if r.not_2xx or r.scrape_failures]  # fmt: skip
+
+    def as_json(self) -> dict[str, Any]:
+        return {"args": vars(self.args), "results": [r.as_json() for r in self.results]}
+
+    def as_text(self) -> str:
+        return as_text(self.results, self.args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+
+    def run_in_tmp() -> Report:
         require_local(args.pg_admin_dsn, "PostgreSQL")
-    except BenchError as exc:
-        print(f"bench_scrapers: {exc}", file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="scrapers-") as tmp:
-        try:
-            results = run(args, Path(tmp))
-        except BenchError as exc:
-            print(f"bench_scrapers: {exc}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("bench_scrapers: interrupted", file=sys.stderr)
-            return 130
-        except Exception:
-            traceback.print_exc()
-            print("bench_scrapers: the run failed", file=sys.stderr)
-            return 2
-    if args.json:
-        print(json.dumps({"args": vars(args), "results": [r.as_json() for r in results]}))
-    else:
-        print(as_text(results, args))
-    return 1 if any(r.not_2xx or r.scrape_failures for r in results) else 0
+        with tempfile.TemporaryDirectory(prefix="scrapers-") as tmp:
+            return Report(args, run(args, Path(tmp)))
+
+    return harness.run_main("bench_scrapers", run_in_tmp, args.json)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import itertools
 import json
 import math
 import os
@@ -145,6 +147,16 @@ def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
     }
 
 
+def interpolate(samples: Sequence[tuple[float, float]], when: float) -> float:
+    """The value at ``when`` from ``(time, value)`` samples in time order (say, a process's
+    CPU seconds read now and then): linear between the two samples around it, the first or the
+    last sample's value outside them."""
+    for (t0, v0), (t1, v1) in itertools.pairwise(samples):
+        if t0 <= when <= t1:
+            return v0 + (v1 - v0) * (when - t0) / (t1 - t0) if t1 > t0 else v1
+    return samples[0][1] if when < samples[0][0] else samples[-1][1]
+
+
 # --- the sink --------------------------------------------------------------------------------
 
 Asgi = Callable[[dict[str, Any], Callable[..., Any], Callable[..., Any]], Any]
@@ -243,6 +255,14 @@ def make_sink() -> Asgi:
         await send({"type": "http.response.body", "body": answer})
 
     return sink
+
+
+def sink_argv(port: int) -> list[str]:
+    """The command line serving the sink alone on ``port`` (one uvicorn worker)."""
+    here = str(Path(__file__).parent)
+    return [sys.executable, "-m", "uvicorn", "--factory", "harness:make_sink", "--app-dir", here,
+            "--host", HOST, "--port", str(port), "--lifespan", "off", "--no-access-log",
+            "--log-level", "warning"]  # fmt: skip
 
 
 def sink_call(port: int, path: str, method: str = "GET", body: Any = None) -> Any:
@@ -485,11 +505,7 @@ class Stack:
 
     def start_sink(self) -> tuple[Proc, int]:
         port = free_port()
-        here = str(Path(__file__).parent)
-        argv = [sys.executable, "-m", "uvicorn", "--factory", "harness:make_sink", "--app-dir",
-                here, "--host", HOST, "--port", str(port), "--lifespan", "off", "--no-access-log",
-                "--log-level", "warning"]  # fmt: skip
-        proc = self.start("sink", argv)
+        proc = self.start("sink", sink_argv(port))
         wait_http(proc, port, "/_sink/healthz")
         return proc, port
 
@@ -691,6 +707,22 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+@dataclass
+class Rows:
+    """A report that is a table and checks nothing: JSON, the rows (dataclasses) as a list of
+    objects; text, as ``text(rows)`` writes it."""
+
+    rows: list[Any]
+    text: Callable[[list[Any]], str]
+    problems: list[str] = field(default_factory=list)
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(row) for row in self.rows]
+
+    def as_text(self) -> str:
+        return self.text(self.rows)
 
 
 def run_main(name: str, run: Callable[[], Any], as_json: bool) -> int:

@@ -30,9 +30,10 @@ import json
 import os
 import random
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import harness
 import httpx
 from benchlib import BenchError, fresh_store, require_local
 from sqlalchemy import insert, text, update
@@ -191,7 +192,7 @@ def mib(value: int | None) -> str:
     return "-" if value is None else f"{value / MIB:.1f}"
 
 
-async def main() -> int:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES))
@@ -201,32 +202,35 @@ async def main() -> int:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    require_local(args.pg_admin_dsn, "PostgreSQL")
-    rows = [
-        await measure(backend, int(size), args.bytes, args.pg_admin_dsn)
-        for backend in args.backends.split(",")
-        for size in args.sizes.split(",")
-    ]
-    if args.json:
-        print(json.dumps([asdict(row) for row in rows], indent=2))
-        return 0
-    print(
+
+    async def rows() -> list[Figures]:
+        return [
+            await measure(backend, int(size), args.bytes, args.pg_admin_dsn)
+            for backend in args.backends.split(",")
+            for size in args.sizes.split(",")
+        ]
+
+    def run() -> harness.Rows:
+        require_local(args.pg_admin_dsn, "PostgreSQL")
+        return harness.Rows(asyncio.run(rows()), as_text)
+
+    return harness.run_main("store_cost", run, args.json)
+
+
+def as_text(rows: list[Figures]) -> str:
+    lines = [
         "backend     body      events  per event   x body  full MiB  pruned MiB  "
         "vacuumed MiB  refilled MiB"
-    )
+    ]
     for r in rows:
-        print(
+        lines.append(
             f"{r.backend:<10}  {r.body_bytes:>8}  {r.events:>6}  {r.stored_bytes_per_event:>9}  "
             f"{r.ratio_to_body:>6}  {mib(r.file_bytes_full):>8}  "
             f"{mib(r.file_bytes_after_prune):>10}  {mib(r.file_bytes_after_vacuum):>12}  "
             f"{mib(r.file_bytes_after_refill):>12}"
         )
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(asyncio.run(main()))
-    except BenchError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 from freezegun import freeze_time
 
 from scripts import harness
@@ -160,3 +161,11 @@ def test_every_report_is_a_new_event() -> None:
     first, second = (json.loads(harness.dlr_body(i)) for i in (1, 2))
     assert first["requestId"] != second["requestId"]
     assert {"requestId", "status", "parts"} <= first.keys()
+
+
+def test_a_reading_between_two_samples_is_interpolated() -> None:
+    samples = [(10.0, 0.0), (10.1, 0.05), (10.2, 0.15)]
+    assert harness.interpolate(samples, 10.15) == pytest.approx(0.1)
+    assert harness.interpolate(samples, 10.1) == 0.05
+    assert harness.interpolate(samples, 9.0) == 0.0  # before the first: the first
+    assert harness.interpolate(samples, 11.0) == 0.15  # after the last: the last

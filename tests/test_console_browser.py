@@ -1,9 +1,9 @@
 """The console in a real browser: Playwright driving Debian's Chromium against `relay serve`.
 
-A real server (embedded mode, SQLite) and a real destination (``scripts/sink_app.py``, failing
-at first) run as processes; the browser logs in, finds an event by its requestId, reads its
-timeline, replays its dead delivery and sees it succeed, and checks that hostile payloads stay
-text. Each page is saved as a PNG under ``test-artifacts/console/``.
+A real server (embedded mode, SQLite) and a real destination (the benches' sink of
+``scripts/harness.py``, failing at first) run as processes; the browser logs in, finds an event
+by its requestId, reads its timeline, replays its dead delivery and sees it succeed, and checks
+that hostile payloads stay text. Each page is saved as a PNG under ``test-artifacts/console/``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from relay.simulator import factories
+from scripts import harness
 from tests.store_support import blocking_eventually, child_environment
 from tests.support import free_port
 
@@ -60,27 +61,11 @@ def chromium_path() -> str:
 @pytest.fixture
 def sink() -> Iterator[str]:
     port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "sink_app:app",
-            "--app-dir",
-            str(ROOT / "scripts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=child_environment(),
-    )
+    process = subprocess.Popen(harness.sink_argv(port), env=child_environment())
     base = f"http://127.0.0.1:{port}"
     try:
-        blocking_eventually(lambda: _answers(f"{base}/_bench/healthz"))
-        httpx.post(f"{base}/_bench/mode", json={"mode": "fail"})
+        blocking_eventually(lambda: _answers(f"{base}/_sink/healthz"))
+        httpx.post(f"{base}/_sink/mode", json={"mode": "fail"})
         yield base
     finally:
         process.terminate()
@@ -173,7 +158,7 @@ def test_the_console_in_a_browser(server: dict[str, Any]) -> None:
     key = f"{event_id}/orders"
     everything_dead = ["dead"] * 5  # three messages and a report to orders, the report to archive
     blocking_eventually(lambda: sorted(statuses(server["database"]).values()) == everything_dead)
-    httpx.post(f"{server['sink']}/_bench/mode", json={"mode": "ok"})
+    httpx.post(f"{server['sink']}/_sink/mode", json={"mode": "ok"})
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
     with sync_playwright() as playwright:
@@ -244,7 +229,7 @@ def test_the_console_in_a_browser(server: dict[str, Any]) -> None:
             browser.close()
     archive = next(key for key in statuses(server["database"]) if key.endswith("/archive"))
     blocking_eventually(lambda: statuses(server["database"])[archive] == "succeeded")
-    assert json.loads(httpx.get(f"{server['sink']}/_bench/count").text)["requests"] >= 2
+    assert json.loads(httpx.get(f"{server['sink']}/_sink/count").text)["requests"] >= 2
 
 
 @pytest.fixture
@@ -288,9 +273,9 @@ def test_giving_up_the_head_of_a_line_in_a_browser(ordered_server: dict[str, Any
     )
     blocking_eventually(lambda: by_event(server["database"]).get(first, ("",))[0] == "pending")
     blocking_eventually(  # the first failed (the sink fails) and waits an hour; the others wait
-        lambda: len(httpx.get(f"{server['sink']}/_bench/answers").json()) == 1
+        lambda: len(httpx.get(f"{server['sink']}/_sink/answers").json()) == 1
     )
-    httpx.post(f"{server['sink']}/_bench/mode", json={"mode": "ok"})
+    httpx.post(f"{server['sink']}/_sink/mode", json={"mode": "ok"})
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
     with sync_playwright() as playwright:
