@@ -27,7 +27,7 @@ from receivers.routing import ReceiverApp
 from receivers.store.in_commit import InCommitWriter
 from receivers.store.probe import WriteProbe
 from receivers.store.records import AfterCommit, StoreFull, utc_now
-from receivers.store.writer import HOOK_DELAY_SECONDS, EventWriter
+from receivers.store.writer import WRITING_HOOK, EventWriter, HookTiming
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def create_app(
     clock: Callable[[], datetime] = utc_now,
     around: Callable[[], AbstractAsyncContextManager[None]] | None = None,
     metrics: Metrics | None = None,
-    hook_delay: float = HOOK_DELAY_SECONDS,
+    hook_timing: HookTiming = WRITING_HOOK,
     in_commit: InCommitWriter | None = None,
 ) -> Starlette:
     """The receivers app: every kind's URL for every configured source, plus health checks.
@@ -51,8 +51,8 @@ def create_app(
     hook); the receivers themselves know nothing about relaying. ``around`` is entered before
     the store's writer starts and left after it has stopped (what the hook needs lives there).
     ``metrics`` holds the registry ``/metrics`` serves (a new one of the app's own by default);
-    the receivers' counters are registered in it. ``hook_delay``: how long the oldest new
-    event waits for the hook while the writer is quiet (see :mod:`receivers.store.writer`).
+    the receivers' counters are registered in it. ``hook_timing``: when the hook is called
+    (see :mod:`receivers.store.writer`).
     ``in_commit``: what else each transaction that stores events writes (the relay's outbox,
     :mod:`receivers.store.in_commit`).
     """
@@ -63,7 +63,7 @@ def create_app(
         clock=clock,
         after_commit=after_commit,
         writer_process=config.writer_process,
-        hook_delay=hook_delay,
+        hook_timing=hook_timing,
         in_commit=in_commit,
     )
     probe = WriteProbe(engine, writer.writable, clock)

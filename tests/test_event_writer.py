@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
 from receivers.store.records import Receipt, StoredEvent, StoreUnavailable
-from receivers.store.writer import EventWriter
+from receivers.store.writer import EventWriter, HookTiming
 from relay.store import migrate
 from tests.store_support import (
     NOW,
@@ -174,7 +174,11 @@ async def test_stopping_writes_what_was_handed_over_and_gives_the_hook_the_rest(
 ) -> None:
     hook = HookCalls()
     writer = EventWriter(
-        engine, clock=lambda: NOW, after_commit=hook, hook_delay=60, writer_process=lane[1]
+        engine,
+        clock=lambda: NOW,
+        after_commit=hook,
+        hook_timing=HookTiming(delay=60),
+        writer_process=lane[1],
     )
     assert not writer.available
     await writer.start()
@@ -220,7 +224,11 @@ async def test_the_hook_gets_the_new_events_in_commit_order_after_their_callers_
 
     hook = HookCalls(check_callers)
     writer = EventWriter(
-        engine, clock=Ticking(), after_commit=hook, hook_delay=0, writer_process=lane[1]
+        engine,
+        clock=Ticking(),
+        after_commit=hook,
+        hook_timing=HookTiming(delay=0),
+        writer_process=lane[1],
     )
     await writer.start()
     try:
@@ -248,9 +256,13 @@ async def hooked(sqlite_engine: AsyncEngine) -> AsyncIterator[Callable[..., Any]
     writers: list[EventWriter] = []
 
     async def start(hook: HookCalls, **options: Any) -> EventWriter:
-        options = {"hook_delay": 0} | options
+        timing = HookTiming(**({"delay": 0} | options))
         writer = EventWriter(
-            sqlite_engine, clock=lambda: NOW, after_commit=hook, writer_process=False, **options
+            sqlite_engine,
+            clock=lambda: NOW,
+            after_commit=hook,
+            writer_process=False,
+            hook_timing=timing,
         )
         await writer.start()
         writers.append(writer)
@@ -271,7 +283,7 @@ async def commit_together(writer: EventWriter, keys: str) -> None:
 
 async def test_a_quiet_writer_calls_the_hook_after_each_commit(hooked: Any) -> None:
     hook = HookCalls()
-    writer = await hooked(hook, hook_busy_events=2, hook_interval=60)
+    writer = await hooked(hook, busy_events=2, interval=60)
     await writer.store(arrival("a"))
     await eventually(lambda: hook == [["a"]])
     await writer.store(arrival("b"))  # the call before carried fewer than 2: no interval
@@ -280,7 +292,7 @@ async def test_a_quiet_writer_calls_the_hook_after_each_commit(hooked: Any) -> N
 
 async def test_after_a_busy_call_the_next_waits_for_the_interval(hooked: Any) -> None:
     hook = HookCalls()
-    writer = await hooked(hook, hook_busy_events=2, hook_interval=60)
+    writer = await hooked(hook, busy_events=2, interval=60)
     await commit_together(writer, "ab")
     await eventually(lambda: hook == [["a", "b"]])
 
@@ -292,7 +304,7 @@ async def test_after_a_busy_call_the_next_waits_for_the_interval(hooked: Any) ->
 
 async def test_a_full_hook_batch_is_handed_over_at_once(hooked: Any) -> None:
     hook = HookCalls()
-    writer = await hooked(hook, hook_busy_events=2, hook_interval=60, hook_batch=3)
+    writer = await hooked(hook, busy_events=2, interval=60, batch=3)
     await commit_together(writer, "ab")
     await eventually(lambda: hook == [["a", "b"]])
     await commit_together(writer, "cde")  # within the interval, but a full batch
@@ -307,7 +319,7 @@ async def test_a_quiet_writer_waits_for_the_hook_delay(hooked: Any) -> None:
         called_at.append(loop.time())
 
     hook = HookCalls(note_time)
-    writer = await hooked(hook, hook_delay=0.2)
+    writer = await hooked(hook, delay=0.2)
     before = loop.time()
     await writer.store(arrival("a"))
     await eventually(lambda: hook == [["a"]])

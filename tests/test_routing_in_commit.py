@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.store import StoredEvent
 from receivers.store.in_commit import InCommitWriter, WriteInCommit
 from receivers.store.records import Receipt
-from receivers.store.writer import EventWriter
+from receivers.store.writer import EventWriter, HookTiming
 from relay.destinations import parse_destination_config
 from relay.observe.logs import JsonLines
 from relay.outbox import DELIVERIES, ROUTED
@@ -130,7 +130,7 @@ async def test_the_hook_gets_each_new_events_first_jobs(
         writer_process=lane[1],
         in_commit=routing_writer(DESTINATIONS),
         after_commit=hook,
-        hook_delay=3600,  # an in-commit writer leaves the hook nothing to wait for
+        hook_timing=HookTiming(delay=0),
     )
     await writer.start()
     try:

@@ -9,12 +9,10 @@ committed: durable commits stay cheap however many requests come at once. The la
 own process (:mod:`receivers.store.writer_process`, a speed trick that can be turned off).
 
 The after-commit hook gets the new events after their callers were woken, in commit order, one
-call at a time, beside the writer: with ``hook_batch`` events, or with fewer once the oldest has
-waited ``hook_delay`` seconds, or, after a call that carried ``hook_busy_events`` or more, once
-``hook_interval`` seconds have passed since that call began. Few calls under load (on SQLite each
-is a write transaction of its own, competing for the one write lock), prompt ones otherwise.
-With an in-commit writer (:mod:`receivers.store.in_commit`: the relay's outbox, written in the
-events' own transaction), the hook has no write left to do and gets the events at once.
+call at a time, beside the writer, as its :class:`HookTiming` says: with ``batch`` events, or
+with fewer once the oldest has waited ``delay`` seconds, or, after a call that carried
+``busy_events`` or more, once ``interval`` seconds have passed since that call began. Few calls
+under load (each may cost its user a transaction, or a job), prompt ones otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -60,6 +59,21 @@ HOOK_INTERVAL_SECONDS = 0.2
 """After a call of ``HOOK_BUSY_EVENTS`` or more, the next one begins no sooner than this after
 it: each call is a transaction of its own, and on SQLite every one of them makes the writer wait
 for the lock."""
+
+
+@dataclass(frozen=True)
+class HookTiming:
+    """When the after-commit hook is called (see the module docstring). The defaults suit a hook
+    that writes (a transaction per call)."""
+
+    batch: int = HOOK_BATCH
+    delay: float = HOOK_DELAY_SECONDS
+    busy_events: int = HOOK_BUSY_EVENTS
+    interval: float = HOOK_INTERVAL_SECONDS
+
+
+WRITING_HOOK = HookTiming()
+"""The default timing: for a hook that writes."""
 
 
 class Lane(Protocol):
@@ -155,8 +169,7 @@ class EventWriter:
     """The writer of one process; see the module docstring. ``writer_process``: whether a
     SQLite file gets the writer's own process (:func:`open_lane`). :attr:`writable` follows
     whether the store takes the callbacks (told how each group went). ``in_commit``: what
-    else each transaction writes (:mod:`receivers.store.in_commit`); with it, the hook is
-    called without a delay or an interval."""
+    else each transaction writes (:mod:`receivers.store.in_commit`)."""
 
     def __init__(
         self,
@@ -164,10 +177,7 @@ class EventWriter:
         *,
         clock: Clock,
         after_commit: AfterCommit | None = None,
-        hook_batch: int = HOOK_BATCH,
-        hook_delay: float = HOOK_DELAY_SECONDS,
-        hook_busy_events: int = HOOK_BUSY_EVENTS,
-        hook_interval: float = HOOK_INTERVAL_SECONDS,
+        hook_timing: HookTiming = WRITING_HOOK,
         writer_process: bool = True,
         in_commit: InCommitWriter | None = None,
     ) -> None:
@@ -177,10 +187,7 @@ class EventWriter:
         self._in_commit = in_commit
         self._clock = clock
         self._after_commit = after_commit
-        self._hook_batch = hook_batch
-        self._hook_delay = 0.0 if in_commit is not None else hook_delay
-        self._hook_busy_events = hook_busy_events
-        self._hook_interval = 0.0 if in_commit is not None else hook_interval
+        self._timing = hook_timing
         self._lane: Lane | None = None
         self._stopping = False
         self._unhooked: list[StoredEvent] = []
@@ -244,19 +251,20 @@ class EventWriter:
         """Call the hook now when enough events wait for it (or the writer stops), else soon."""
         if self._hooking or not self._unhooked:
             return
-        if len(self._unhooked) >= self._hook_batch or self._stopping:
+        if len(self._unhooked) >= self._timing.batch or self._stopping:
             self._call_hook()
         elif self._hook_timer is None:
             loop = asyncio.get_running_loop()
             self._hook_timer = loop.call_later(self._hook_wait(loop.time()), self._call_hook)
 
     def _hook_wait(self, now: float) -> float:
-        """Seconds until the next hook call: ``hook_delay``, or what is left of ``hook_interval``
-        since the latest call began if that one was a busy writer's (and longer)."""
+        """Seconds until the next hook call: ``delay``, or what is left of ``interval`` since
+        the latest call began if that one was a busy writer's (and longer)."""
+        timing = self._timing
         began, carried = self._last_hook
-        if carried < self._hook_busy_events:
-            return self._hook_delay
-        return max(self._hook_delay, began + self._hook_interval - now)
+        if carried < timing.busy_events:
+            return timing.delay
+        return max(timing.delay, began + timing.interval - now)
 
     def _call_hook(self) -> None:
         if self._hook_timer is not None:

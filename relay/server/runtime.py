@@ -22,6 +22,7 @@ from receivers.config import ReceiverConfig
 from receivers.metrics import Metrics
 from receivers.store import StoreWritable, create_engine, utc_now
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, sqlite_file
+from receivers.store.writer import HookTiming
 from relay.console.access import ConsoleAccess, console_access, mount_console
 from relay.destinations.errors import (
     database_address,
@@ -45,6 +46,16 @@ from relay.server.default_source import GeneratedToken, served_sources
 from relay.server.services import router_for
 from relay.settings import Settings, SettingsError
 from relay.store import migrate
+
+EMBEDDED_HOOK = HookTiming(delay=0.0, interval=0.0)
+"""Embedded, the hook hands the deliveries routed in the events' commit to the in-process
+dispatcher, which costs next to nothing per call: at once, always."""
+SCALED_HOOK = HookTiming(delay=0.0, busy_events=2, interval=0.02)
+"""Scaled, each hook call makes an arq job (six Redis round trips to start and end it, and a
+claim and a record transaction per job): at once while calls carry one event each (a light
+load: the lag stays low), and no more than every 20 ms once they carry more, so that a job
+carries several deliveries under load. With every call at once, one worker fell behind at 500
+callbacks/s (scripts/bench_e2e.py)."""
 
 
 @dataclass
@@ -111,6 +122,7 @@ class Runtime:
             around=relay,
             metrics=metrics,
             in_commit=routing_writer(self.settings.destinations),
+            hook_timing=SCALED_HOOK if self.settings.redis_url else EMBEDDED_HOOK,
         )
         if self.console is not None:
 
