@@ -47,15 +47,12 @@ from relay.server.services import router_for
 from relay.settings import Settings, SettingsError
 from relay.store import migrate
 
-EMBEDDED_HOOK = HookTiming(delay=0.0, interval=0.0)
-"""Embedded, the hook hands the deliveries routed in the events' commit to the in-process
-dispatcher, which costs next to nothing per call: at once, always."""
-SCALED_HOOK = HookTiming(delay=0.0, busy_events=2, interval=0.02)
-"""Scaled, each hook call makes an arq job (six Redis round trips to start and end it, and a
-claim and a record transaction per job): at once while calls carry one event each (a light
-load: the lag stays low), and no more than every 20 ms once they carry more, so that a job
-carries several deliveries under load. With every call at once, one worker fell behind at 500
-callbacks/s (scripts/bench_e2e.py)."""
+HOOK_AT_ONCE = HookTiming(delay=0.0, interval=0.0)
+"""The hook only hands on the deliveries routed in the events' commit: at once. Scaled, each
+call is an arq job, whose start and end (Redis round trips, a claim and a record transaction)
+cost the worker about 6 ms of CPU: a job per event at a light load. Making busy calls wait 20 ms
+for more events measured worse both at 100 and at 500 callbacks/s (scripts/bench_e2e.py,
+alternating runs; docs/performance.md)."""
 
 
 @dataclass
@@ -122,7 +119,7 @@ class Runtime:
             around=relay,
             metrics=metrics,
             in_commit=routing_writer(self.settings.destinations),
-            hook_timing=SCALED_HOOK if self.settings.redis_url else EMBEDDED_HOOK,
+            hook_timing=HOOK_AT_ONCE,
         )
         if self.console is not None:
 
