@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import sqlite3
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -24,16 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from receivers.ids import new_ids
 from receivers.store.batches import (
     SQLITE_MAX_PARAMETERS,
-    BatchRows,
-    batch_rows,
     in_transaction,
-    insert_new_events,
     insert_rows,
     insert_rows_async,
     write_items,
 )
-from receivers.store.engine import create_engine, json_text
-from receivers.store.records import Identity, Receipt, StoreUnavailable
+from receivers.store.engine import create_engine
+from receivers.store.records import Receipt, StoreUnavailable
 from relay.store import migrate
 from tests.store_support import (
     EVENTS,
@@ -286,102 +281,6 @@ async def test_sqlite_takes_each_chunk_of_rows_in_one_statement(
     inserts = [sql for sql in statements if sql.startswith("INSERT")]
     assert len(inserts) == 3 and all("ON CONFLICT" in sql for sql in inserts)
     assert len(await stored_events(sqlite_engine)) == len(rows)
-
-
-@contextmanager
-def driver_connection(sqlite_engine: AsyncEngine) -> Iterator[tuple[sqlite3.Connection, Any]]:
-    """A driver connection to the engine's file in autocommit mode, as the writer process has
-    it, and the dialect that converts the values."""
-    sync = sqlalchemy.create_engine(
-        sqlite_engine.url.set(drivername="sqlite"), json_serializer=json_text
-    )
-    connection = sqlite3.connect(sqlite_engine.url.database or "", isolation_level=None)
-    try:
-        yield connection, sync.dialect
-    finally:
-        connection.close()
-        sync.dispose()
-
-
-async def test_new_events_are_one_autocommitted_statement(sqlite_engine: AsyncEngine) -> None:
-    rows = batch_rows([arrival("a"), arrival("b"), arrival("a")], NOW)
-    statements: list[str] = []
-    with driver_connection(sqlite_engine) as (connection, dialect):
-        connection.set_trace_callback(statements.append)
-        ids = insert_new_events(connection, rows, dialect)
-        assert not connection.in_transaction
-
-    assert [sql.split()[0] for sql in statements] == ["INSERT"]
-    stored = await stored_events(sqlite_engine)  # another connection sees it: committed
-    assert ids == {("default", "sms.inbound", key): stored[key]["id"] for key in ("a", "b")}
-    assert stored["a"]["duplicates"] == 1 and stored["b"]["duplicates"] == 0
-    assert stored["a"]["received_at"] == NOW and stored["a"]["payload"] == arrival("a").payload
-
-
-async def test_new_events_write_nothing_when_one_is_stored_already(
-    sqlite_engine: AsyncEngine,
-) -> None:
-    await write_items(in_transaction(sqlite_engine), [arrival("old")], NOW)
-    rows = batch_rows([arrival("a"), arrival("old"), arrival("b")], NOW)
-    with driver_connection(sqlite_engine) as (connection, dialect):
-        assert insert_new_events(connection, rows, dialect) is None
-    assert sorted(await stored_events(sqlite_engine)) == ["old"]
-
-
-@pytest.mark.parametrize(
-    "items",
-    [
-        pytest.param([arrival("a"), rejection(b"x")], id="a quarantined body"),
-        pytest.param([], id="nothing"),
-        pytest.param(
-            [arrival(f"k{index}") for index in range(SQLITE_MAX_PARAMETERS // 8)],
-            id="too many for one statement",
-        ),
-    ],
-)
-async def test_new_events_leave_any_other_group_to_the_general_way(
-    sqlite_engine: AsyncEngine, items: list[Any]
-) -> None:
-    with driver_connection(sqlite_engine) as (connection, dialect):
-        assert insert_new_events(connection, batch_rows(items, NOW), dialect) is None
-    assert await stored_events(sqlite_engine) == {}
-    assert await rejected_bodies(sqlite_engine) == {}
-
-
-async def test_the_shortcut_answers_as_the_general_way(sqlite_engine: AsyncEngine) -> None:
-    """The same groups written with and without the shortcut get the same answers, and the
-    shortcut writes only the groups it can."""
-    transaction = in_transaction(sqlite_engine)
-    groups = [
-        [arrival("a"), arrival("b"), arrival("a")],  # new events: the shortcut
-        [arrival("c"), arrival("a")],  # one stored already: the general way
-        [arrival("d"), rejection(b"x")],  # a quarantined body: the general way
-        [arrival("e"), unwritable("f")],  # a bad item: one by one, and it fails alone
-    ]
-    shortcut_wrote: list[bool] = []
-    with driver_connection(sqlite_engine) as (connection, dialect):
-
-        def new_events(rows: BatchRows) -> Mapping[Identity, str] | None:
-            ids = insert_new_events(connection, rows, dialect)
-            shortcut_wrote.append(ids is not None)
-            return ids
-
-        answers = [
-            await write_items(transaction, group, NOW, new_events=new_events) for group in groups
-        ]
-
-    kinds = [[type(answer).__name__ for answer in group] for group in answers]
-    assert kinds == [
-        ["Receipt"] * 3,
-        ["Receipt"] * 2,
-        ["Receipt", "NoneType"],
-        ["Receipt", "StoreUnavailable"],
-    ]
-    duplicates = [[getattr(answer, "duplicate", None) for answer in group] for group in answers]
-    assert duplicates == [[False, False, True], [False, True], [False, None], [False, None]]
-    assert shortcut_wrote[0] is True and shortcut_wrote[1:3] == [False, False]
-    stored = await stored_events(sqlite_engine)
-    assert sorted(stored) == ["a", "b", "c", "d", "e"] and stored["a"]["duplicates"] == 2
 
 
 async def test_insert_rows_async_is_insert_rows_on_an_async_connection(

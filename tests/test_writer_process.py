@@ -22,7 +22,7 @@ from sqlmodel import SQLModel
 
 from receivers.store import create_engine, writer_process
 from receivers.store.batches import batch_rows, write_rows
-from receivers.store.records import Receipt, StoreUnavailable, identity
+from receivers.store.records import Receipt, StoreUnavailable
 from receivers.store.writer import EventWriter
 from receivers.store.writer_process import (
     FRAME_ITEMS,
@@ -182,15 +182,16 @@ async def test_the_process_groups_what_has_arrived_sixteen_at_first(
     assert rows[keys[99]]["received_at"] == late
 
 
-async def test_the_process_writes_in_transactions_beside_its_autocommitted_shortcut(
+async def test_the_process_writes_in_transactions_rolled_back_as_a_whole(
     database: str, sqlite_engine: AsyncEngine
 ) -> None:
-    """The process's connection autocommits (the shortcut for new events is one statement);
-    every other write is still one transaction, rolled back as a whole when it fails."""
+    """The process's driver connection autocommits, and SQLAlchemy begins each transaction
+    itself: a write that fails after an insert leaves nothing behind."""
     connection = WriterConnection(database)
     try:
-        rows = batch_rows([arrival("new")], NOW)
-        assert connection.new_events(rows) == {identity(rows.events[0]): rows.events[0]["id"]}
+        assert await connection.transaction(
+            lambda conn: write_rows(conn, batch_rows([arrival("new")], NOW))
+        )
 
         def insert_then_fail(conn: sqlalchemy.Connection) -> None:
             conn.execute(sqlalchemy.insert(EVENTS), batch_rows([arrival("lost")], NOW).events)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-import sqlite3
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -139,44 +138,37 @@ def in_transaction(engine: AsyncEngine) -> Transaction:
     return run
 
 
-NewEvents = Callable[[BatchRows], Mapping[Identity, str] | None]
-"""A shortcut for the usual group: writes rows that are all new events and answers their ids,
-or writes nothing and answers None (see :func:`insert_new_events`)."""
-
-
 async def write_items(
     transaction: Transaction,
     items: Sequence[Item],
     now: datetime,
     *,
-    new_events: NewEvents | None = None,
     in_commit: InCommit | None = None,
 ) -> list[Answer]:
     """Write ``items`` in one transaction, with what ``in_commit`` writes for the new events
-    (:mod:`receivers.store.in_commit`); their answers. ``new_events`` is tried first when given
-    and there is no ``in_commit``. Should ``in_commit`` fail, the items are written again
-    without it. When the write fails for another reason than a full or unavailable database,
-    each item is written alone, so that only the one at fault fails. A full or unavailable
-    database fails every item with :class:`StoreFull` or :class:`StoreUnreachable` and is not
-    logged here: the writer's :class:`~receivers.store.writable.StoreWritable` says it once."""
+    (:mod:`receivers.store.in_commit`); their answers. Should ``in_commit`` fail, the items are
+    written again without it. When the write fails for another reason than a full or
+    unavailable database, each item is written alone, so that only the one at fault fails. A
+    full or unavailable database fails every item with :class:`StoreFull` or
+    :class:`StoreUnreachable` and is not logged here: the writer's
+    :class:`~receivers.store.writable.StoreWritable` says it once."""
     written_with: Mapping[str, Any] | None = None
     try:
         rows = batch_rows(items, now)
-        ids = new_events(rows) if new_events is not None and in_commit is None else None
-        if ids is None and in_commit is not None:
+        if in_commit is not None:
             ids, written_with = await transaction(
                 functools.partial(_write_with, rows=rows, items=items, now=now, in_commit=in_commit)
             )
             if written_with:  # it ran (a group without new events does not call it)
                 in_commit.succeeded()
-        elif ids is None:
+        else:
             ids = await transaction(functools.partial(write_rows, rows=rows))
     except InCommitFailed as failed:
         assert in_commit is not None
         refusal = refusal_of(failed.__cause__) if failed.__cause__ is not None else None
         if refusal is None:
             in_commit.failed(failed)
-            return await write_items(transaction, items, now, new_events=new_events)
+            return await write_items(transaction, items, now)
         return [type(refusal)(*refusal.args) for _ in items]
     except Exception as exc:
         refusal = refusal_of(exc)
@@ -187,9 +179,7 @@ async def write_items(
             return [
                 answer
                 for item in items
-                for answer in await write_items(
-                    transaction, [item], now, new_events=new_events, in_commit=in_commit
-                )
+                for answer in await write_items(transaction, [item], now, in_commit=in_commit)
             ]
         log.error("could not store %d item(s): %s", len(items), type(exc).__name__, exc_info=exc)
         return [StoreUnavailable(type(exc).__name__) for _ in items]
@@ -222,30 +212,6 @@ def write_rows(conn: Connection, rows: BatchRows) -> dict[Identity, str]:
         )
         conn.execute(upsert, rows.rejections)
     return ids
-
-
-def insert_new_events(
-    connection: sqlite3.Connection, rows: BatchRows, dialect: Dialect
-) -> dict[Identity, str] | None:
-    """The usual group on SQLite (new events, nothing quarantined) as one plain multi-row
-    ``INSERT`` on a driver connection in autocommit mode: one call into SQLite, where the
-    general way (:func:`write_rows` in a transaction) takes three (BEGIN, INSERT, COMMIT) and
-    SQLAlchemy's transaction around them. Answers the events' ids; None, with nothing written,
-    when the rows are anything else, too many for one statement, or any of them is stored
-    already (the statement then fails as a whole).
-
-    A speed trick of the writer process (:mod:`receivers.store.writer_process`), which alone
-    uses it: ``scripts/bench_ingest.py`` measured a median ratio of 0.56 with it against 0.51
-    without (11 alternating runs each). Off: call :func:`write_items` without ``new_events``."""
-    events = rows.events
-    if rows.rejections or not events or len(events) * len(events[0]) > SQLITE_MAX_PARAMETERS:
-        return None
-    ((sql, values),) = _sqlite_inserts(EVENTS, events, (), dialect)
-    try:
-        connection.execute(sql, values)
-    except sqlite3.IntegrityError:
-        return None
-    return {identity(row): row["id"] for row in events}
 
 
 def insert_rows(

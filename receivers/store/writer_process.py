@@ -16,9 +16,8 @@ socket pair as standard input. Each item is handed over as it comes (every
 then go in one frame). The process (:func:`serve`) groups what arrives with a
 :class:`~receivers.store.coalescer.Coalescer` (each group takes what has arrived by the time its
 write starts) and writes each group with :func:`~receivers.store.batches.write_items`, the
-store's one write path, which tries :func:`~receivers.store.batches.insert_new_events` first
-(the usual group: one statement in autocommit mode, see there for its figure); its answers
-settle the callers' futures in arrival order, and WAL checkpoints run beside it
+store's one write path, with the in-commit writer the server gave it (see the wire, below);
+its answers settle the callers' futures in arrival order, and WAL checkpoints run beside it
 (:mod:`receivers.store.wal_checkpoints`).
 
 Should the process die, the callers still waiting get :class:`StoreUnavailable` (503: the
@@ -50,12 +49,11 @@ import marshal
 import os
 import signal
 import socket
-import sqlite3
 import struct
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -66,14 +64,13 @@ from sqlalchemy.engine import Connection
 
 import receivers
 from receivers.event_loop import LoopName, loop_factory, loop_name
-from receivers.store.batches import BatchRows, insert_new_events, stored_events, write_items
+from receivers.store.batches import stored_events, write_items
 from receivers.store.coalescer import AdaptiveGroupSize, Coalescer
 from receivers.store.engine import CONNECT_TIMEOUT_SECONDS, json_text, sqlite_pragmas
 from receivers.store.in_commit import InCommit, InCommitWriter
 from receivers.store.records import (
     Arrival,
     Clock,
-    Identity,
     Item,
     OnStored,
     Receipt,
@@ -472,17 +469,6 @@ class WriterConnection:
             self.close()
             raise
 
-    def new_events(self, rows: BatchRows) -> Mapping[Identity, str] | None:
-        """The shortcut for a group of new events (:func:`insert_new_events`)."""
-        connection = self._connected()
-        driver = connection.connection.dbapi_connection
-        assert isinstance(driver, sqlite3.Connection)
-        try:
-            return insert_new_events(driver, rows, self._engine.dialect)
-        except Exception:
-            self.close()
-            raise
-
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
@@ -512,9 +498,7 @@ async def serve(database: str, sock: socket.socket) -> None:
         now = max(sent for _, sent in group)
         items = [item for item, _ in group]
         try:
-            written = await write_items(
-                store.transaction, items, now, new_events=store.new_events, in_commit=also
-            )
+            written = await write_items(store.transaction, items, now, in_commit=also)
         except Exception as exc:  # every item still gets its answer, in its place
             log.exception("could not write a group")
             written = [StoreUnavailable(type(exc).__name__)] * len(group)
@@ -603,9 +587,9 @@ def _wire(answer: Receipt | StoreUnavailable | None) -> WireAnswer:
 
 def _writer_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """The store's pragmas, the writer's own checkpoint threshold (see
-    :mod:`receivers.store.wal_checkpoints`), and the driver in autocommit mode, so that the
-    shortcut's one statement is a transaction of its own; SQLAlchemy's transactions then begin
-    with :func:`_begin` (the recipe of SQLAlchemy's SQLite dialect documentation)."""
+    :mod:`receivers.store.wal_checkpoints`), and the driver in autocommit mode, so that
+    SQLAlchemy's transactions begin with an explicit :func:`_begin` (the recipe of SQLAlchemy's
+    SQLite dialect documentation: the driver's own would begin them late)."""
     sqlite_pragmas(dbapi_connection)
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
