@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -406,3 +407,25 @@ def test_a_destination_name_with_an_unpaired_surrogate_is_refused(
     )
     with pytest.raises(SettingsError, match=r"destination name 'bad\\ud800' holds"):
         load_settings(write_config(tmp_path, "sqlite:///x.db"))
+
+
+@pytest.mark.parametrize(
+    ("table", "shown"),
+    [
+        ('sources = ["default", "tab\\there"]', "source name 'tab\\there' holds"),
+        (
+            'type = "arq"\nfunction = "f"\njob_id_prefix = "a\\u202eb"',
+            "job_id_prefix 'a\\u202eb'",
+        ),
+    ],
+)
+def test_destination_values_that_name_things_refuse_what_names_refuse(
+    tmp_path: Path, table: str, shown: str
+) -> None:
+    kind = "" if "type" in table else 'type = "http"\n'
+    url = "redis://127.0.0.1:6379/0" if "arq" in table else "http://127.0.0.1:9/"
+    config = write_config(
+        tmp_path, "sqlite:///x.db", f'[destinations.d]\n{kind}url = "{url}"\n{table}\n'
+    )
+    with pytest.raises(SettingsError, match=re.escape(shown)):
+        load_settings(config)

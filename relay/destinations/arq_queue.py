@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import unicodedata
 from typing import Any, Literal
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from pydantic import Field, field_validator
 from redis.exceptions import RedisError
 
+from receivers.config import UNSHOWABLE
 from relay.destinations.base import DestinationType
 from relay.destinations.base_config import DestinationBase
 from relay.destinations.errors import describe_error, timeout_error, without_credentials
@@ -35,6 +37,16 @@ class ArqDestinationConfig(DestinationBase):
 
     def target(self) -> str:
         return f"{without_credentials(self.url)} queue {self.queue_name}"
+
+    @field_validator("job_id_prefix")
+    @classmethod
+    def _showable_prefix(cls, value: str) -> str:
+        if any(unicodedata.category(c) in UNSHOWABLE for c in value):
+            raise ValueError(
+                f"job_id_prefix {value!r} holds a control, format or unassigned character, or "
+                "an unpaired surrogate"
+            )
+        return value
 
     @field_validator("url")
     @classmethod

@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from receivers.config import check_storable_name
 from receivers.kinds import KINDS_BY_NAME
 from relay.destinations.signing import secret_key
 from relay.durations import Duration
@@ -105,6 +106,13 @@ class DestinationBase(BaseModel):
     def _not_empty(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and (not value or not all(item.strip() for item in value)):
             raise ValueError("cannot be empty or hold empty names (omit it to accept any)")
+        return value
+
+    @field_validator("sources")
+    @classmethod
+    def _source_names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or ():
+            check_storable_name("source", name)
         return value
 
     @field_validator("events", "channels")
