@@ -79,6 +79,11 @@ async def test_only_jobs_due_now_wake_a_worker(redis: Redis) -> None:
     assert await queue.enqueue([Due("overdue", 2, NOW - timedelta(minutes=5))]) == 1
     assert await redis.llen(WAKE_KEY) == 1  # one waiting item however many enqueues
     assert await queue.enqueue([Due("now", 0, NOW)]) == 0  # queued already: no wake-up
+    await redis.delete(WAKE_KEY)
+    workers_own = JobQueue(pool, clock=lambda: NOW, wake_workers=False)
+    assert await workers_own.enqueue([Due("next", 1, NOW)]) == 1
+    assert await redis.llen(WAKE_KEY) == 0  # a worker's next jobs wait for its next poll
+    await workers_own.connection.aclose()
     await queue.connection.aclose()
     await pool.aclose()
 

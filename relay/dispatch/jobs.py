@@ -118,15 +118,20 @@ def answer_within(seconds: float = COMMAND_TIMEOUT_SECONDS) -> asyncio.Timeout:
 class JobQueue:
     """The scaled mode's dispatcher (:mod:`relay.dispatch`): deliver jobs on the relay queue's
     Redis, for `relay worker` to run; reports a lost Redis to ``connection`` (the process's;
-    one of its own by default)."""
+    one of its own by default). ``wake_workers``: whether a job due now wakes a waiting
+    worker (a worker's own queue does not: its next poll, within 50 ms, finds the job, and a
+    job's last Redis call is one fewer)."""
 
     def __init__(
         self,
         pool: ArqRedis,
         clock: Callable[[], datetime] = utc_now,
         connection: QueueConnection | None = None,
+        *,
+        wake_workers: bool = True,
     ) -> None:
         self.pool = pool
+        self._wake_workers = wake_workers
         self.connection = connection if connection is not None else QueueConnection(pool)
         self._clock = clock
         self._limit = asyncio.Semaphore(ENQUEUE_CONCURRENCY)
@@ -167,7 +172,7 @@ class JobQueue:
             self.connection.lost(errors[0])
             return sum(r is True for r in results)
         new = sum(r is True for r in results)
-        if new and min(d.at for d in due) <= self._clock():
+        if self._wake_workers and new and min(d.at for d in due) <= self._clock():
             await self._wake_worker()
         return new
 

@@ -126,7 +126,7 @@ def build_worker(
         services = worker_services(
             settings,
             engine,
-            JobQueue(pool, clock=clock, connection=connection),
+            JobQueue(pool, clock=clock, connection=connection, wake_workers=False),
             clock,
             metrics=figures,
             writable=writable,
