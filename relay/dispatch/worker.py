@@ -48,6 +48,10 @@ from relay.settings import Settings, SettingsError
 log = logging.getLogger("relay.worker")  # stable: users filter on it
 
 SERVICES = "relay"
+JOB_SECONDS = "relay_job_seconds"
+"""In a job's context: arq's time-out of the relay's jobs (the attempt lease), in seconds."""
+ENQUEUE_MARGIN_SECONDS = 0.5
+"""How long before its time-out a job stops enqueueing its next jobs."""
 ONE_MICROSECOND = timedelta(microseconds=1)
 SWITCH_INTERVAL_SECONDS = 0.0005
 SHOWN_DESTINATIONS = 20
@@ -58,13 +62,26 @@ async def deliver(ctx: dict[str, Any], delivery_ids: str | list[str]) -> None:
     """arq job: one attempt of one delivery (an id) or of each of a routing batch (a list),
     then the next jobs they need."""
     services: WorkerServices = ctx[SERVICES]
+    enqueue_by = asyncio.get_running_loop().time() + ctx[JOB_SECONDS] - ENQUEUE_MARGIN_SECONDS
     ids = [delivery_ids] if isinstance(delivery_ids, str) else delivery_ids
     try:
         next_due = await services.deliverer.attempt_many(ids)
     except AttemptsFailed as failed:
-        await services.queue.enqueue(not_this_job(failed.next_due, ctx.get("job_id")))
+        await enqueue_before(services, not_this_job(failed.next_due, ctx.get("job_id")), enqueue_by)
         raise
-    await services.queue.enqueue(not_this_job(next_due, ctx.get("job_id")))
+    await enqueue_before(services, not_this_job(next_due, ctx.get("job_id")), enqueue_by)
+
+
+async def enqueue_before(services: WorkerServices, due: list[Due], deadline: float) -> None:
+    """Enqueue a job's next jobs, unless that would outlive the job (a Redis that is being lost
+    holds every call up to its bound): arq would end the job with a time-out and log its
+    traceback, once per job. Past ``deadline`` (event loop time), they are left to the sweeper,
+    which enqueues due deliveries that have no job."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            await services.queue.enqueue(due)
+    except TimeoutError:
+        log.debug("left %d next jobs to the sweeper: the job's time was up", len(due))
 
 
 def not_this_job(due: list[Due], job_id: str | None) -> list[Due]:
@@ -132,6 +149,7 @@ def build_worker(
             writable=writable,
         )
         ctx[SERVICES] = services
+        ctx[JOB_SECONDS] = lease_for(settings).total_seconds()
         try:
             await services.start()
         except SettingsError as refused:
