@@ -26,6 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness import toml_table
+
 BROKERS = ("amqp", "nats", "mqtt")
 SHARED_URLS = {"nats": "nats://127.0.0.1:4222", "mqtt": "mqtt://127.0.0.1:1883"}
 """The machine's brokers; amqp gets a vhost of its own on 127.0.0.1:5672 for each run."""
@@ -35,28 +37,6 @@ CONSUMER_READY_SECONDS = 1.0
 """Given to a fresh consumer to subscribe before anything is published (MQTT keeps nothing for
 a subscriber that is not there yet)."""
 SCRIPTS = Path(__file__).resolve().parent
-
-
-def toml_table(header: str, table: dict[str, Any]) -> str:
-    """``table`` as a TOML table (strings, numbers, booleans, lists and one level of inline
-    tables: what a destination's settings hold)."""
-    lines = [f"[{header}]"]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"no TOML for {type(value).__name__}")
 
 
 @dataclass
