@@ -226,11 +226,14 @@ def amqp_user(password: str) -> Iterator[tuple[str, str]]:
     vhost, _ = new_vhost()
     user = f"relay-secrets-{uuid.uuid4().hex[:8]}"
     try:
-        rabbitmqctl("add_user", user, password)
-        rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
-        yield vhost, user
+        # "--": a random password may begin with "-", which rabbitmqctl reads as options.
+        rabbitmqctl("add_user", user, "--", password)
+        try:
+            rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+            yield vhost, user
+        finally:
+            rabbitmqctl("delete_user", user)
     finally:
-        rabbitmqctl("delete_user", user)
         rabbitmqctl("delete_vhost", vhost)
 
 
