@@ -45,27 +45,27 @@ SHOWN = {"text": "what a program prints, or a diagram: shown, not pasted"}
 
 NOT_RUN: dict[tuple[str, str], str] = {
     ("README.md", "python3 -m pip install -e . && python3 -m relay serve"): (
-        "installs the package and serves until stopped; the commands of docs/commands.md are "
-        "checked against their --help"
+        "installs the package, then serves until stopped: tests/test_default_source.py runs "
+        "`python3 -m relay serve` on a fresh database and reads what it prints"
     ),
     ("README.md", "python3 -m pip install -e '.[test]' && python3 -m pytest"): (
-        "the suite itself: CI runs exactly this line (tests/test_docs.py)"
+        "the suite itself: .ci/run runs exactly this line (tests/test_docs.py checks it)"
     ),
     ("docs/development.md", "python3 -m pip install -e '.[test]' && python3 -m pytest"): (
-        "the suite itself: CI runs exactly this line (tests/test_docs.py)"
-    ),
-    ("docs/development.md", "python3 -m mkdocs build --strict      # into site/"): (
-        "tests/test_docs.py builds the site with this command; serve runs until stopped"
+        "the suite itself: .ci/run runs exactly this line (tests/test_docs.py checks it)"
     ),
     ("docs/development.md", "python3 -m pytest -m 'not slow'"): (
-        "a selection of the suite, which runs it"
+        "a selection of the suite: the suite cannot run itself"
+    ),
+    ("docs/development.md", "python3 -m mkdocs build --strict      # into site/"): (
+        "tests/test_docs.py builds the site as this line does; `mkdocs serve` runs until stopped"
     ),
     (
         "docs/operations.md",
         "export RELAY_CONFIG=/etc/callback-relay/relay.toml   # sources, destinations, policies",
     ): (
-        "a deployment's start: its environment and process manager; `relay db upgrade` is "
-        "checked in docs/commands.md's terms by the relay blocks"
+        "a deployment's start: its hosts' addresses and a process manager (honcho) that is not "
+        "a dependency"
     ),
     ("docs/destinations.md", "async def handle_platform_event(ctx, envelope):"): (
         "a skeleton whose body is the reader's; tests/test_destinations.py checks that the arq "
