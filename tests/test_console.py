@@ -349,7 +349,9 @@ async def test_an_event_shows_its_timeline_and_a_replay_makes_it_due_at_once(
         f"/console/deliveries/{due.id}/replay", back=f"/console/events/{event_id}"
     )
     assert answer.status_code == 303
-    assert answer.headers["location"] == f"/console/events/{event_id}?notice=replayed"
+    assert answer.headers["location"] == f"/console/events/{event_id}?notice=replayed&count=1"
+    shown = (await operator.http.get(answer.headers["location"])).text
+    assert "Replayed 1 delivery: it is due now." in shown
     assert [(d.id, d.at) for d in operator.enqueued] == [(due.id, clock())]
 
 

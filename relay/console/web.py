@@ -31,6 +31,7 @@ from relay.console.login_cookies import LoginCookies
 from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
 from relay.console.users import Users
+from relay.console.wording import attempt_outcome, count_text, last_answer
 from relay.outbox import RELAY_WRITES, Due
 
 CONSOLE_PATH = "/console"
@@ -125,6 +126,9 @@ def templates() -> Environment:
         value, indent=2, ensure_ascii=False, sort_keys=True
     )
     environment.filters["body_text"] = body_text
+    environment.filters["count"] = count_text
+    environment.filters["outcome"] = attempt_outcome
+    environment.filters["last_answer"] = last_answer
     return environment
 
 
