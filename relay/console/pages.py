@@ -9,10 +9,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receivers.kinds import KINDS_BY_NAME
-from relay.console import queries
+from relay.console import live, queries
 from relay.console.charts import health_chart, latency_line
 from relay.console.filters import (
     BadFilter,
+    Cursor,
     delivery_filter,
     event_filter,
     page_cursor,
@@ -21,9 +22,9 @@ from relay.console.filters import (
 from relay.console.health import Recent, problems
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, query, see_other
-from relay.console.wording import count_text
+from relay.console.wording import backlog_text, count_text
 from relay.delivery.breaker import BreakerState, DestinationHealth, breaker_state
-from relay.outbox.tables import DEAD, DELIVERY_STATUSES, HELD, PENDING
+from relay.outbox.tables import DELIVERY_STATUSES
 
 BREAKER_NAMES = {
     BreakerState.CLOSED: "closed",
@@ -31,8 +32,6 @@ BREAKER_NAMES = {
     BreakerState.DISABLED: "held",
 }
 """How the page names each breaker state (held: disabled by a 410 or an operator)."""
-BACKLOG = (PENDING, HELD, DEAD)
-"""The statuses the destinations page counts per destination."""
 ROW_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 COUNT = re.compile(r"[0-9]{1,9}")
 """A notice's count as an action's redirect writes it (anything else is not shown)."""
@@ -83,6 +82,7 @@ async def events(console: Console, request: Request, operator: Operator) -> Resp
         next_query=query_string(where, before=page.next.encode()) if page.next else None,
         first_query=query_string(where, before=None),
         notice=notice(request),
+        live=await live.live(console, "events", where, newest(page, "received_at")),
     )
 
 
@@ -122,12 +122,23 @@ async def deliveries(console: Console, request: Request, operator: Operator) -> 
         next_query=query_string(where, before=page.next.encode()) if page.next else None,
         first_query=query_string(where, before=None),
         notice=notice(request),
+        live=await live.live(console, "deliveries", where, newest(page, "created_at")),
     )
+
+
+def newest(page: queries.Page, moment: str) -> Cursor | None:
+    """The newest row a page shows, as a cursor (None for an empty page)."""
+    if not page.rows:
+        return None
+    first = page.rows[0]._mapping
+    return Cursor(first[moment], first["id"])
 
 
 async def destinations(console: Console, request: Request, operator: Operator) -> Response:
     now = console.clock()
-    counts = await queries.backlog_counts(console.engine, console.destinations, BACKLOG)
+    counts = await queries.backlog_counts(
+        console.engine, console.destinations, queries.BACKLOG_STATUSES
+    )
     states = {row.name: row for row in await queries.destination_states(console.engine)}
     history = await queries.destination_health(console.engine, now)
     recent = await queries.recent_outcomes(console.engine, now)
@@ -165,11 +176,6 @@ async def destinations(console: Console, request: Request, operator: Operator) -
     return console.page(
         request, "destinations.html", operator, destinations=rows, notice=notice(request)
     )
-
-
-def backlog_text(count: int) -> str:
-    """A backlog count as the page shows it: exact up to the cap, then "1,000+"."""
-    return f"{queries.BACKLOG_CAP:,}+" if count > queries.BACKLOG_CAP else str(count)
 
 
 def mean_ms(buckets: list[queries.HealthBucket]) -> float | None:

@@ -1,7 +1,8 @@
 """What every console page shares: templates, security headers, forms, errors, sessions.
 
 Payloads are attacker-controlled, so templates escape everything (Jinja2's autoescape) and
-every answer carries a Content-Security-Policy without inline scripts or styles.
+every answer carries a Content-Security-Policy without inline styles and without scripts but
+one: the console's own live counts, allowed by its hash (:mod:`relay.console.script`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from receivers.sources import Network
 from receivers.store import StoreWritable
 from relay.console.filters import BadFilter
 from relay.console.login_cookies import LoginCookies
+from relay.console.script import LIVE_SCRIPT, script_hash
 from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
 from relay.console.users import Users
@@ -43,8 +45,9 @@ MAX_FORM_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 32
 SECURITY_HEADERS = {
     "content-security-policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
+        f"default-src 'none'; script-src {script_hash(LIVE_SCRIPT)}; connect-src 'self'; "
+        "style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+        "base-uri 'none'"
     ),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",

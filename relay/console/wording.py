@@ -25,6 +25,11 @@ def count_text(number: int, singular: str, many: str | None = None) -> str:
     return f"{number:,} {many or plural(singular)}"
 
 
+def backlog_text(count: int, cap: int = 1_000) -> str:
+    """A bounded count as the console shows it: exact up to ``cap``, then "1,000+"."""
+    return f"{cap:,}+" if count > cap else f"{count:,}"
+
+
 def attempt_outcome(status_code: int | None, error: str | None) -> str:
     """What an attempt's status column shows: its HTTP status, or (a broker's attempt, which
     has none) whether it was delivered or failed."""
