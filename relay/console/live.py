@@ -63,13 +63,15 @@ async def counts(
         figures = [backlog[name][status] for name in names]
         total = sum(min(n, queries.BACKLOG_CAP) for n in figures)
         over = any(n > queries.BACKLOG_CAP for n in figures)
-        shown[status] = f"{total:,}+" if over else backlog_text(total)
+        shown[status] = f"{total:,}+" if over else backlog_text(total, queries.BACKLOG_CAP)
     newer = await queries.newer_count(console.engine, where, after)
     thing = "newer event" if isinstance(where, EventFilter) else "newer delivery"
     if newer == 1:
         shown["newer"] = f"1 {thing}"
+    elif newer:
+        shown["newer"] = f"{backlog_text(newer, queries.BACKLOG_CAP)} {plural(thing)}"
     else:
-        shown["newer"] = f"{backlog_text(newer)} {plural(thing)}" if newer else ""
+        shown["newer"] = ""
     return shown
 
 

@@ -164,7 +164,10 @@ async def destinations(console: Console, request: Request, operator: Operator) -
                 "breaker": BREAKER_NAMES[breaker_state(health, now)],
                 "problems": problems(health, recent.get(name, Recent()), now),
                 "state": state,
-                "counts": {status: backlog_text(n) for status, n in counts[name].items()},
+                "counts": {
+                    status: backlog_text(n, queries.BACKLOG_CAP)
+                    for status, n in counts[name].items()
+                },
                 "attempts": attempts,
                 "success_rate": sum(b.succeeded for b in buckets) / attempts if attempts else None,
                 "mean_ms": mean_ms(buckets),
