@@ -280,7 +280,6 @@ def test_the_destinations_table_a_narrow_screen_and_live_counts(server: dict[str
             details = page.locator("section.destination").first.bounding_box()
             assert first is not None and details is not None and first["y"] < details["y"]
             expect(page.locator("svg.chart circle.latency").first).to_be_visible()
-            page.screenshot(path=ARTIFACTS / "destinations.png", full_page=True)
 
             page.set_viewport_size({"width": NARROW, "height": 860})
             for path in (*NARROW_PAGES, f"events/{event_id}"):
