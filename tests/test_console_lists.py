@@ -525,6 +525,17 @@ async def test_live_counts_read_an_index_and_no_table(engine: AsyncEngine) -> No
                 assert not re.search(r"SCAN (received_events|deliveries)$", text, re.M), text
 
 
+async def test_the_p50_reads_the_last_hours_attempts_by_index(engine: AsyncEngine) -> None:
+    """The destinations page's medians read the last hour's attempts through their time
+    index (and each one's delivery by its id), never every attempt or delivery kept."""
+    lines = await plan(engine, lambda: queries.median_latency(engine, START))
+    text = "\n".join(lines)
+    assert "Seq Scan" not in text, text
+    by_time = r"(USING INDEX|Index Scan using) ix_delivery_attempts_started_at"
+    assert re.search(by_time, text), text
+    assert not re.search(r"SCAN (delivery_attempts|deliveries)\b(?! USING)", text), text
+
+
 # --- what lists read ---------------------------------------------------------------------------
 
 

@@ -142,8 +142,7 @@ async def destinations(console: Console, request: Request, operator: Operator) -
     states = {row.name: row for row in await queries.destination_states(console.engine)}
     history = await queries.destination_health(console.engine, now)
     recent = await queries.recent_outcomes(console.engine, now)
-    made = {name: sum(b.attempts for b in history.get(name, [])) for name in console.destinations}
-    medians = await queries.median_latency(console.engine, made, now)
+    medians = await queries.median_latency(console.engine, now)
     rows: list[dict[str, Any]] = []
     for name in console.destinations:
         state = states.get(name)
@@ -153,7 +152,7 @@ async def destinations(console: Console, request: Request, operator: Operator) -
             else DestinationHealth()
         )
         buckets = history.get(name, [])
-        attempts = made[name]
+        attempts = sum(b.attempts for b in buckets)
         chart = health_chart(buckets)
         kind = console.targets.get(name, "").partition(": ")[0]
         rows.append(
