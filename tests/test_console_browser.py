@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -214,8 +215,8 @@ def test_the_console_in_a_browser(server: dict[str, Any]) -> None:
             bulk.get_by_role("button", name="Count and confirm").click()
             expect(page.locator(".count")).to_have_text("1")
             page.screenshot(path=ARTIFACTS / "confirm.png", full_page=True)
-            page.get_by_role("button", name="Replay 1 deliveries").click()
-            expect(page.get_by_role("status")).to_contain_text("Replayed")
+            page.get_by_role("button", name="Replay 1 delivery", exact=True).click()
+            expect(page.get_by_role("status")).to_have_text("Replayed 1 delivery: it is due now.")
 
             page.goto(f"{server['base']}/console/destinations")
             expect(page.locator("svg.chart").first).to_be_visible()
@@ -230,6 +231,77 @@ def test_the_console_in_a_browser(server: dict[str, Any]) -> None:
     archive = next(key for key in statuses(server["database"]) if key.endswith("/archive"))
     blocking_eventually(lambda: statuses(server["database"])[archive] == "succeeded")
     assert json.loads(httpx.get(f"{server['sink']}/_sink/count").text)["requests"] >= 2
+
+
+NARROW = 420
+NARROW_PAGES = ("events", "deliveries", "deliveries?status=dead", "destinations", "quarantine")
+
+
+def login(page: Any, base: str) -> None:
+    page.goto(f"{base}/console/login")
+    page.get_by_label("User").fill(USER)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base}/console/events")
+
+
+def test_the_destinations_table_a_narrow_screen_and_live_counts(server: dict[str, Any]) -> None:
+    """The destinations page opens with its summary table; every page fits 420 px without a
+    horizontal page scroll; the events page's counts change without a reload when an event
+    is stored, by the console's script under its strict CSP."""
+    from playwright.sync_api import expect, sync_playwright
+
+    event_id = post(server, "/sms/dlr", factories.sms_dlr({"requestId": "req-glance"}))
+    blocking_eventually(lambda: sorted(statuses(server["database"]).values()) == ["dead"] * 2)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=CHROMIUM_FLAGS
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        refused: list[str] = []
+        page.on(
+            "console",
+            lambda message: (
+                refused.append(message.text) if "Content Security Policy" in message.text else None
+            ),
+        )
+        try:
+            login(page, server["base"])
+            page.goto(f"{server['base']}/console/destinations")
+            summary = page.locator("table.summary tbody tr")
+            expect(summary).to_have_count(2)
+            expect(summary.nth(0).locator("td")).to_have_text(
+                ["orders", "http", "1 dead in the last hour", "0", "1", "0.0 %", re.compile("ms$")]
+            )
+            expect(summary.nth(1).locator("td.name")).to_have_text("archive")
+            first = page.locator("table.summary").bounding_box()
+            details = page.locator("section.destination").first.bounding_box()
+            assert first is not None and details is not None and first["y"] < details["y"]
+            expect(page.locator("svg.chart circle.latency").first).to_be_visible()
+
+            page.set_viewport_size({"width": NARROW, "height": 860})
+            for path in (*NARROW_PAGES, f"events/{event_id}"):
+                page.goto(f"{server['base']}/console/{path}")
+                width = page.evaluate("document.documentElement.scrollWidth")
+                assert width <= NARROW, f"{path}: the page is {width} px wide"
+            page.goto(f"{server['base']}/console/destinations")
+            page.screenshot(path=ARTIFACTS / "destinations-narrow.png", full_page=True)
+
+            page.goto(f"{server['base']}/console/events")
+            newer = page.locator('[data-count="newer"]')
+            expect(newer).to_have_text("")
+            page.evaluate("window.__same_page = true")  # gone if the page were reloaded
+            post(server, "/sms/inbound", factories.sms_inbound({"requestId": "req-live"}))
+            expect(newer).to_have_text("1 newer event", timeout=20_000)
+            assert page.evaluate("window.__same_page") is True
+            page.screenshot(path=ARTIFACTS / "events-narrow.png", full_page=True)
+            newer.click()
+            expect(page.locator("table.list tbody tr")).to_have_count(2)
+            assert refused == []
+        finally:
+            browser.close()
 
 
 @pytest.fixture

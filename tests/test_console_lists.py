@@ -508,6 +508,34 @@ async def test_counts_read_an_index_and_no_table(engine: AsyncEngine) -> None:
     assert "Seq Scan" not in text and not re.search(r"SCAN deliveries$", text, re.M), text
 
 
+async def test_live_counts_read_an_index_and_no_table(engine: AsyncEngine) -> None:
+    """A page's live count of rows above its newest one searches the list's index from that
+    row up, with each filter, as the page itself reads it."""
+    after = Cursor(START, UUID)
+    for empty in (EventFilter(), DeliveryFilter()):
+        for name, where in one_filter_each(empty):
+            if "before" in name:
+                continue
+            for cursor in (None, after):
+                lines = await plan(
+                    engine, lambda w=where, c=cursor: queries.newer_count(engine, w, c)
+                )
+                text = "\n".join(lines)
+                assert "Seq Scan" not in text, text
+                assert not re.search(r"SCAN (received_events|deliveries)$", text, re.M), text
+
+
+async def test_the_p50_reads_the_last_hours_attempts_by_index(engine: AsyncEngine) -> None:
+    """The destinations page's medians read the last hour's attempts through their time
+    index (and each one's delivery by its id), never every attempt or delivery kept."""
+    lines = await plan(engine, lambda: queries.median_latency(engine, START))
+    text = "\n".join(lines)
+    assert "Seq Scan" not in text, text
+    by_time = r"(USING INDEX|Index Scan using) ix_delivery_attempts_started_at"
+    assert re.search(by_time, text), text
+    assert not re.search(r"SCAN (delivery_attempts|deliveries)\b(?! USING)", text), text
+
+
 # --- what lists read ---------------------------------------------------------------------------
 
 

@@ -43,7 +43,7 @@ async def replay_delivery(
         extra={"user": operator.name, "delivery_id": delivery_id},
     )
     back = safe_next(fields.get("back"), f"{CONSOLE_PATH}/deliveries").split("?")[0]
-    return see_other(_with_notice(back, "replayed"))
+    return see_other(_with_notice(back, "replayed", len(due)))
 
 
 async def give_up_delivery(
@@ -107,7 +107,7 @@ async def replay_event(
         event_id,
         extra={"user": operator.name, "event_id": event_id},
     )
-    return see_other(f"{CONSOLE_PATH}/events/{event_id}?notice={'replayed' if due else 'nothing'}")
+    return see_other(_with_notice(f"{CONSOLE_PATH}/events/{event_id}", "replayed", len(due)))
 
 
 async def bulk_replay(
@@ -152,8 +152,10 @@ async def bulk_replay(
         query_string(where) or "all",
         extra={"user": operator.name, "destination": where.destination},
     )
-    notice = "replayed" if replayed else "nothing"
-    return see_other(f"{CONSOLE_PATH}/deliveries?{query_string(where)}&notice={notice}")
+    listed = f"{CONSOLE_PATH}/deliveries" + (
+        f"?{query_string(where)}" if query_string(where) else ""
+    )
+    return see_other(_with_notice(listed, "replayed", replayed))
 
 
 async def enable_destination(
@@ -171,7 +173,7 @@ async def enable_destination(
         len(due),
         extra={"user": operator.name, "destination": name},
     )
-    return see_other(f"{CONSOLE_PATH}/destinations?notice=enabled")
+    return see_other(f"{CONSOLE_PATH}/destinations?notice=enabled&count={len(due)}")
 
 
 async def disable_destination(
@@ -194,6 +196,11 @@ async def disable_destination(
     return see_other(f"{CONSOLE_PATH}/destinations?notice=disabled")
 
 
-def _with_notice(location: str, notice: str) -> str:
+def _with_notice(location: str, notice: str, count: int | None = None) -> str:
+    """``location`` with a notice to show; a replay's names how many it made due (nothing
+    replayed is its own notice)."""
+    if notice == "replayed" and count == 0:
+        notice, count = "nothing", None
     separator = "&" if "?" in location else "?"
-    return f"{location}{separator}notice={notice}"
+    shown = f"{location}{separator}notice={notice}"
+    return shown if count is None else f"{shown}&count={count}"

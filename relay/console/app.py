@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from receivers.sources import Network
 from receivers.store import StoreWritable
-from relay.console import actions, pages
+from relay.console import actions, live, pages
 from relay.console.filters import BadFilter
 from relay.console.login_cookies import (
     DEVICE_COOKIE,
@@ -102,6 +102,18 @@ def console_app(
             if operator is None:
                 wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return see_other(f"{CONSOLE_PATH}/login?{urlencode({'next': wanted})}")
+            return await view(console, request, operator)
+
+        return endpoint
+
+    def data(view: Page) -> Callable[[Request], Awaitable[Response]]:
+        """An endpoint a page's script reads: the same session, but a 403 problem without
+        one (a script cannot follow a redirect to the login)."""
+
+        async def endpoint(request: Request) -> Response:
+            operator = console.operator(request)
+            if operator is None:
+                return error(console, request, 403, "Forbidden", "Log in to the console first.")
             return await view(console, request, operator)
 
         return endpoint
@@ -225,6 +237,7 @@ def console_app(
         Route(
             "/destinations/{name}/disable", action(actions.disable_destination), methods=["POST"]
         ),
+        Route("/counts", data(live.counts_endpoint), methods=["GET"]),
         Route("/quarantine", page(pages.quarantine), methods=["GET"]),
         Route("/quarantine/{rejected_id}", page(pages.rejected), methods=["GET"]),
         Route("/static/console.css", stylesheet_file, methods=["GET"]),

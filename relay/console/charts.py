@@ -1,7 +1,8 @@
 """A destination's last hour as a small SVG bar chart, drawn on the server (no script).
 
 Each five-minute bucket is a bar as tall as its attempts, its succeeded part in one colour
-and its failed part in another; a line of dots marks the mean latency.
+and its failed part in another; the mean latency is a line through a marker on each bucket
+that has attempts (a lone bucket is then still a visible point, not a line of no length).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.console.queries import HealthBucket
+from relay.console.wording import count_text
 
 WIDTH = 240
 HEIGHT = 48
@@ -28,6 +30,11 @@ class Bar:
     failed_height: float
     latency_y: float | None
     title: str
+
+    @property
+    def middle(self) -> float:
+        """The bar's centre, where its latency marker sits."""
+        return self.x + self.width / 2
 
 
 def health_chart(buckets: Sequence[HealthBucket]) -> list[Bar]:
@@ -53,9 +60,16 @@ def health_chart(buckets: Sequence[HealthBucket]) -> list[Bar]:
                 failed_height=failed,
                 latency_y=latency,
                 title=(
-                    f"{bucket.start:%H:%M} UTC: {bucket.attempts} attempts, "
+                    f"{bucket.start:%H:%M} UTC: {count_text(bucket.attempts, 'attempt')}, "
                     f"{bucket.succeeded} succeeded, mean {mean}"
                 ),
             )
         )
     return bars
+
+
+def latency_line(bars: Sequence[Bar]) -> str:
+    """The SVG ``points`` of the line through the latency markers ("" without any)."""
+    return " ".join(
+        f"{bar.middle:g},{bar.latency_y:g}" for bar in bars if bar.latency_y is not None
+    )

@@ -99,6 +99,11 @@ def page_cursor(params: Mapping[str, str]) -> Cursor | None:
     return _cursor(params)
 
 
+def after_cursor(params: Mapping[str, str]) -> Cursor | None:
+    """The newest row a page showed (``after``): the live counts count the rows above it."""
+    return _cursor(params, "after")
+
+
 def query_string(where: EventFilter | DeliveryFilter, **changes: str | None) -> str:
     """The filter as a query string (for links to the next page), with ``changes``."""
     values: dict[str, str | None] = {}
@@ -150,15 +155,15 @@ def _moment(params: Mapping[str, str], name: str) -> datetime | None:
     return moment
 
 
-def _cursor(params: Mapping[str, str]) -> Cursor | None:
-    value = params.get("before")
+def _cursor(params: Mapping[str, str], name: str = "before") -> Cursor | None:
+    value = params.get(name)
     if value is None or not value.strip():
         return None  # a blank cursor is the first page
     match = CURSOR.fullmatch(value)  # as the console wrote it: no spaces, ASCII digits
     if match is None:
-        raise BadFilter("before: not a page cursor")
+        raise BadFilter(f"{name}: not a page cursor")
     try:
         moment = EPOCH + int(match[1]) * MICROSECOND
     except OverflowError:
-        raise BadFilter("before: not a page cursor") from None
+        raise BadFilter(f"{name}: not a page cursor") from None
     return Cursor(moment, match[2])

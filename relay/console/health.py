@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from relay.console.wording import count_text
 from relay.delivery.breaker import BreakerState, DestinationHealth, breaker_state
 
 RECENT = timedelta(hours=1)
@@ -49,17 +50,11 @@ def problems(health: DestinationHealth, recent: Recent, now: datetime) -> list[P
     if health.consecutive_failures:
         found.append(
             Problem(
-                f"failing: {_count(health.consecutive_failures, 'consecutive failure')}", "dead"
+                f"failing: {count_text(health.consecutive_failures, 'consecutive failure')}", "dead"
             )
         )
     if recent.dead:
         found.append(Problem(f"{recent.dead} dead in the last hour", "dead"))
     if recent.retrying:
-        found.append(Problem(f"{_count(recent.retrying, 'delivery')} retrying", "pending"))
+        found.append(Problem(f"{count_text(recent.retrying, 'delivery')} retrying", "pending"))
     return found
-
-
-def _count(number: int, thing: str) -> str:
-    if number == 1:
-        return f"1 {thing}"
-    return f"{number} {thing[:-1]}ies" if thing.endswith("y") else f"{number} {thing}s"

@@ -9,10 +9,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receivers.kinds import KINDS_BY_NAME
-from relay.console import queries
-from relay.console.charts import health_chart
+from relay.console import live, queries
+from relay.console.charts import health_chart, latency_line
 from relay.console.filters import (
     BadFilter,
+    Cursor,
     delivery_filter,
     event_filter,
     page_cursor,
@@ -21,8 +22,9 @@ from relay.console.filters import (
 from relay.console.health import Recent, problems
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, query, see_other
+from relay.console.wording import backlog_text, count_text
 from relay.delivery.breaker import BreakerState, DestinationHealth, breaker_state
-from relay.outbox.tables import DEAD, DELIVERY_STATUSES, HELD, PENDING
+from relay.outbox.tables import DELIVERY_STATUSES
 
 BREAKER_NAMES = {
     BreakerState.CLOSED: "closed",
@@ -30,21 +32,35 @@ BREAKER_NAMES = {
     BreakerState.DISABLED: "held",
 }
 """How the page names each breaker state (held: disabled by a 410 or an operator)."""
-BACKLOG = (PENDING, HELD, DEAD)
-"""The statuses the destinations page counts per destination."""
 ROW_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-NOTICES = {
-    "replayed": "Replayed: the deliveries are due now.",
-    "enabled": "Enabled: held deliveries are due now.",
-    "disabled": "Disabled: its deliveries are held until it is enabled.",
-    "nothing": "Nothing matched: nothing was replayed.",
-    "given-up": "Given up: the delivery is dead now, and the next of its line goes.",
-}
-"""What an action's redirect may show (a code from this table, never text from the URL)."""
+COUNT = re.compile(r"[0-9]{1,9}")
+"""A notice's count as an action's redirect writes it (anything else is not shown)."""
+
+
+def notice_text(code: str, count: int | None) -> str | None:
+    """What an action's redirect shows: a code from this list and, for a replay or an enable,
+    how many deliveries it made due (never text from the URL)."""
+    if code == "replayed":
+        if count is None:
+            return "Replayed: the deliveries are due now."
+        due = "it is" if count == 1 else "they are"
+        return f"Replayed {count_text(count, 'delivery')}: {due} due now."
+    if code == "enabled":
+        if count is None:
+            return "Enabled: held deliveries are due now."
+        return f"Enabled: {count_text(count, 'held delivery', 'held deliveries')} released."
+    return {
+        "disabled": "Disabled: its deliveries are held until it is enabled.",
+        "nothing": "Nothing matched: nothing was replayed.",
+        "given-up": "Given up: the delivery is dead now, and the next of its line goes.",
+    }.get(code)
 
 
 def notice(request: Request) -> str | None:
-    return NOTICES.get(request.query_params.get("notice", ""))
+    count = request.query_params.get("count", "")
+    return notice_text(
+        request.query_params.get("notice", ""), int(count) if COUNT.fullmatch(count) else None
+    )
 
 
 async def events(console: Console, request: Request, operator: Operator) -> Response:
@@ -66,6 +82,7 @@ async def events(console: Console, request: Request, operator: Operator) -> Resp
         next_query=query_string(where, before=page.next.encode()) if page.next else None,
         first_query=query_string(where, before=None),
         notice=notice(request),
+        live=await live.live(console, "events", where, newest(page, "received_at")),
     )
 
 
@@ -105,15 +122,27 @@ async def deliveries(console: Console, request: Request, operator: Operator) -> 
         next_query=query_string(where, before=page.next.encode()) if page.next else None,
         first_query=query_string(where, before=None),
         notice=notice(request),
+        live=await live.live(console, "deliveries", where, newest(page, "created_at")),
     )
+
+
+def newest(page: queries.Page, moment: str) -> Cursor | None:
+    """The newest row a page shows, as a cursor (None for an empty page)."""
+    if not page.rows:
+        return None
+    first = page.rows[0]._mapping
+    return Cursor(first[moment], first["id"])
 
 
 async def destinations(console: Console, request: Request, operator: Operator) -> Response:
     now = console.clock()
-    counts = await queries.backlog_counts(console.engine, console.destinations, BACKLOG)
+    counts = await queries.backlog_counts(
+        console.engine, console.destinations, queries.BACKLOG_STATUSES
+    )
     states = {row.name: row for row in await queries.destination_states(console.engine)}
     history = await queries.destination_health(console.engine, now)
     recent = await queries.recent_outcomes(console.engine, now)
+    medians = await queries.median_latency(console.engine, now)
     rows: list[dict[str, Any]] = []
     for name in console.destinations:
         state = states.get(name)
@@ -124,28 +153,31 @@ async def destinations(console: Console, request: Request, operator: Operator) -
         )
         buckets = history.get(name, [])
         attempts = sum(b.attempts for b in buckets)
+        chart = health_chart(buckets)
+        kind = console.targets.get(name, "").partition(": ")[0]
         rows.append(
             {
                 "name": name,
+                "type": kind or None,
                 "target": console.targets.get(name),
                 "breaker": BREAKER_NAMES[breaker_state(health, now)],
                 "problems": problems(health, recent.get(name, Recent()), now),
                 "state": state,
-                "counts": {status: backlog_text(n) for status, n in counts[name].items()},
+                "counts": {
+                    status: backlog_text(n, queries.BACKLOG_CAP)
+                    for status, n in counts[name].items()
+                },
                 "attempts": attempts,
                 "success_rate": sum(b.succeeded for b in buckets) / attempts if attempts else None,
                 "mean_ms": mean_ms(buckets),
-                "chart": health_chart(buckets),
+                "p50_ms": medians.get(name),
+                "chart": chart,
+                "line": latency_line(chart),
             }
         )
     return console.page(
         request, "destinations.html", operator, destinations=rows, notice=notice(request)
     )
-
-
-def backlog_text(count: int) -> str:
-    """A backlog count as the page shows it: exact up to the cap, then "1,000+"."""
-    return f"{queries.BACKLOG_CAP:,}+" if count > queries.BACKLOG_CAP else str(count)
 
 
 def mean_ms(buckets: list[queries.HealthBucket]) -> float | None:

@@ -31,13 +31,15 @@ from relay.console.filters import Cursor, DeliveryFilter, EventFilter
 from relay.console.health import RECENT, Recent
 from relay.outbox import ATTEMPTS, DELIVERIES, STATES
 from relay.outbox.ordering import order_flags, waiting_behind
-from relay.outbox.tables import DEAD, PENDING
+from relay.outbox.tables import DEAD, HELD, PENDING
 
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
 PAGE_SIZE = 50
 BACKLOG_CAP = 1_000
 """The destinations page counts each backlog up to this (and shows more as "1,000+")."""
+BACKLOG_STATUSES = (PENDING, HELD, DEAD)
+"""The statuses counted as a destination's backlog."""
 CHART_BUCKETS = 12
 CHART_SPAN = timedelta(hours=1)
 LISTED_INDEX = "ix_received_events_listed"
@@ -102,17 +104,7 @@ class HealthBucket:
 
 async def events_page(engine: AsyncEngine, where: EventFilter) -> Page:
     """Stored events matching ``where``, newest first."""
-    query = select(*EVENT_LIST_COLUMNS)
-    conditions = []
-    if where.source:
-        conditions.append(EVENTS.c.source == where.source)
-    if where.kind:
-        conditions.append(EVENTS.c.kind == where.kind)
-    if where.event:
-        conditions.append(EVENTS.c.event_name == where.event)
-    if where.platform_id:
-        conditions.append(EVENTS.c.platform_id == where.platform_id)
-    conditions += _time_range(EVENTS.c.received_at, where.since, where.until)
+    conditions = _event_conditions(where)
     if where.before is not None:
         conditions.append(_below(EVENTS.c.received_at, EVENTS.c.id, where.before))
     page = select(EVENTS.c.id).where(*conditions).order_by(*_newest(EVENTS))
@@ -122,6 +114,39 @@ async def events_page(engine: AsyncEngine, where: EventFilter) -> Page:
     async with engine.connect() as conn:
         rows = sorted(await conn.execute(query), key=lambda r: (r.received_at, r.id), reverse=True)
     return _split(rows, "received_at", "id")
+
+
+def _event_conditions(where: EventFilter) -> list[Any]:
+    conditions = []
+    if where.source:
+        conditions.append(EVENTS.c.source == where.source)
+    if where.kind:
+        conditions.append(EVENTS.c.kind == where.kind)
+    if where.event:
+        conditions.append(EVENTS.c.event_name == where.event)
+    if where.platform_id:
+        conditions.append(EVENTS.c.platform_id == where.platform_id)
+    return conditions + _time_range(EVENTS.c.received_at, where.since, where.until)
+
+
+async def newer_count(
+    engine: AsyncEngine, where: EventFilter | DeliveryFilter, after: Cursor | None
+) -> int:
+    """How many rows of a list filtered by ``where`` lie above ``after`` (the newest row a
+    page showed; every row without it), counted up to :data:`BACKLOG_CAP` and one more on
+    the list's index, as a page reads it."""
+    if isinstance(where, EventFilter):
+        table, moment, conditions = EVENTS, EVENTS.c.received_at, _event_conditions(where)
+    else:
+        table, moment, conditions = DELIVERIES, DELIVERIES.c.created_at, _delivery_conditions(where)
+    if after is not None:
+        conditions.append(
+            tuple_(moment, table.c.id)
+            > tuple_(literal(after.moment, moment.type), literal(after.id, table.c.id.type))
+        )
+    above = select(table.c.id).where(*conditions).limit(BACKLOG_CAP + 1).subquery()
+    async with engine.connect() as conn:
+        return int(await conn.scalar(select(func.count()).select_from(above)) or 0)
 
 
 async def delivery_statuses(
@@ -335,6 +360,31 @@ async def destination_health(engine: AsyncEngine, now: datetime) -> dict[str, li
                     )
                 )
     return buckets
+
+
+async def median_latency(engine: AsyncEngine, now: datetime) -> dict[str, float]:
+    """Per destination, the median (p50, nearest rank: the lower of the two middle ones for
+    an even number) duration of its attempts in the hour up to ``now``. The hour's attempts
+    are found through their time index, as the chart's are; only the medians leave the
+    database."""
+    ranked = (
+        select(
+            DELIVERIES.c.destination,
+            ATTEMPTS.c.duration_ms,
+            func.row_number()
+            .over(partition_by=DELIVERIES.c.destination, order_by=ATTEMPTS.c.duration_ms)
+            .label("rank"),
+            func.count().over(partition_by=DELIVERIES.c.destination).label("total"),
+        )
+        .join(DELIVERIES, DELIVERIES.c.id == ATTEMPTS.c.delivery_id)
+        .where(ATTEMPTS.c.started_at > now - CHART_SPAN, ATTEMPTS.c.started_at <= now)
+        .subquery()
+    )
+    query = select(ranked.c.destination, ranked.c.duration_ms).where(
+        ranked.c.rank == (ranked.c.total + 1) // 2
+    )
+    async with engine.connect() as conn:
+        return {name: float(duration) for name, duration in await conn.execute(query)}
 
 
 async def quarantine_page(engine: AsyncEngine, before: Cursor | None) -> Page:

@@ -1,7 +1,8 @@
 """What every console page shares: templates, security headers, forms, errors, sessions.
 
 Payloads are attacker-controlled, so templates escape everything (Jinja2's autoescape) and
-every answer carries a Content-Security-Policy without inline scripts or styles.
+every answer carries a Content-Security-Policy without inline styles and without scripts but
+one: the console's own live counts, allowed by its hash (:mod:`relay.console.script`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from receivers.sources import Network
 from receivers.store import StoreWritable
 from relay.console.filters import BadFilter
 from relay.console.login_cookies import LoginCookies
+from relay.console.script import LIVE_SCRIPT, script_hash
 from relay.console.sessions import SESSION_COOKIE, Operator, Sessions
 from relay.console.throttle import LoginThrottle
 from relay.console.users import Users
+from relay.console.wording import attempt_outcome, count_text, last_answer
 from relay.outbox import RELAY_WRITES, Due
 
 CONSOLE_PATH = "/console"
@@ -42,8 +45,9 @@ MAX_FORM_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 32
 SECURITY_HEADERS = {
     "content-security-policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
+        f"default-src 'none'; script-src {script_hash(LIVE_SCRIPT)}; connect-src 'self'; "
+        "style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+        "base-uri 'none'"
     ),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
@@ -125,6 +129,9 @@ def templates() -> Environment:
         value, indent=2, ensure_ascii=False, sort_keys=True
     )
     environment.filters["body_text"] = body_text
+    environment.filters["count"] = count_text
+    environment.filters["outcome"] = attempt_outcome
+    environment.filters["last_answer"] = last_answer
     return environment
 
 
