@@ -6,6 +6,8 @@ fail, as they would where the extra is not installed."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -16,8 +18,10 @@ import httpx
 import pytest
 
 from relay.destinations.broker_clients import BROKERS_INSTALL
-from tests.store_support import blocking_eventually, child_environment
-from tests.support import free_port, stop_process
+from relay.simulator import factories
+from tests.conftest import TOKEN
+from tests.store_support import blocking_eventually, child_environment, eventually
+from tests.support import Sink, free_port, serving, stop_process
 
 BROKER_MODULES = "aio_pika,aiormq,pamqp,yarl,nats,paho"
 """What `pip install callback-relay` leaves out (the extra's packages and aio-pika's aiormq)."""
@@ -69,8 +73,10 @@ def write_config(tmp_path: Path, destination: str) -> Path:
     return config
 
 
-def relay_once(tmp_path: Path, command: str, destination: str, modules: str = BROKER_MODULES):
-    """`relay COMMAND` in a subprocess expected to stop by itself."""
+def relay_once(
+    tmp_path: Path, command: str, destination: str, modules: str = BROKER_MODULES
+) -> subprocess.CompletedProcess[str]:
+    """`relay COMMAND` without ``modules``, in a subprocess expected to stop by itself."""
     config = write_config(tmp_path, destination)
     return subprocess.run(
         [sys.executable, "-m", "relay", command, "--config", str(config)],
@@ -95,11 +101,13 @@ def test_the_hidden_clients_cannot_be_imported(tmp_path: Path) -> None:
         assert f"No module named '{module}'" in result.stderr
 
 
-@pytest.fixture
-def serving_http(tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    """`relay serve` without the brokers' clients, with an HTTP destination, once started."""
+@contextlib.contextmanager
+def serving_http(tmp_path: Path, hook: str) -> Iterator[int]:
+    """`relay serve` without the brokers' clients, relaying to the HTTP ``hook``, once started:
+    its port. Its output is checked for tracebacks when it stops."""
     port = free_port()
-    config = write_config(tmp_path, 'type = "http"\nurl = "http://127.0.0.1:9/hook"')
+    destination = f'type = "http"\nurl = "{hook}"\n[sources.default]\ntoken = "{TOKEN}"'
+    config = write_config(tmp_path, destination)
     output = tmp_path / "serve.log"
     with output.open("wb") as sink:
         process = subprocess.Popen(
@@ -114,17 +122,23 @@ def serving_http(tmp_path: Path) -> Iterator[tuple[int, Path]]:
             lambda: "Uvicorn running on" in output.read_text() or process.poll() is not None
         )
         assert process.poll() is None, output.read_text()
-        yield port, output
+        yield port
     finally:
         stop_process(process)
-
-
-def test_serve_runs_with_an_http_destination_without_the_brokers_clients(
-    serving_http: tuple[int, Path],
-) -> None:
-    port, output = serving_http
-    assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
     assert "Traceback" not in output.read_text()
+
+
+async def test_serve_relays_to_an_http_destination_without_the_brokers_clients(
+    tmp_path: Path,
+) -> None:
+    async with serving(Sink()) as sink:
+        with serving_http(tmp_path, sink.url()) as port:
+            body = factories.sms_inbound()
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                stored = await client.post(f"/hooks/sms/inbound?token={TOKEN}", json=body)
+            assert stored.status_code == 200
+            delivered = await eventually(sink.bodies)
+            assert json.loads(delivered[0])["payload"] == body
 
 
 @pytest.mark.parametrize("command", ["serve", "worker"])
