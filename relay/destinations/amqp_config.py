@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -111,6 +111,9 @@ class AmqpDeclare(BaseModel):
 
 class AmqpDestinationConfig(BrokerDestinationBase):
     """Publish to a RabbitMQ (AMQP 0-9-1) exchange: persistent, mandatory, confirmed."""
+
+    CLIENT_PACKAGE: ClassVar[str] = "aio-pika"
+    CLIENT: ClassVar[tuple[str, ...]] = ("aio_pika", "pamqp", "yarl")
 
     type: Literal["amqp"]
     url: str

@@ -10,23 +10,37 @@ the message: a publisher confirm, a JetStream ack, a PUBACK (QoS 1) or PUBCOMP (
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Any, ClassVar, get_args
 from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from relay.destinations.base_config import DestinationBase, Secrets
+from relay.destinations.broker_clients import require_client
 from relay.destinations.outbound import BodyFormat
 from relay.destinations.templates import NameTemplate
 from relay.destinations.tls_files import TlsFiles
 
 
 class BrokerDestinationBase(DestinationBase):
-    """What every broker destination takes beside filters, policy and timeout."""
+    """What every broker destination takes beside filters, policy and timeout; a table is
+    refused first where the type's client (``CLIENT``, from ``CLIENT_PACKAGE``) is not
+    installed (:mod:`relay.destinations.broker_clients`)."""
+
+    CLIENT_PACKAGE: ClassVar[str]
+    CLIENT: ClassVar[tuple[str, ...]]
+    """The top-level modules the type's destination imports, its client's first."""
 
     format: BodyFormat = "envelope"
     secret: Secrets = Field(default_factory=list)
     """``whsec_...`` secrets: each message carries a ``webhook-signature`` header."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _client_installed(cls, data: Any) -> Any:
+        (type_name,) = get_args(cls.model_fields["type"].annotation)  # Literal["amqp"]
+        require_client(type_name, cls.CLIENT_PACKAGE, cls.CLIENT)
+        return data
 
 
 class BrokerTlsFiles(BrokerDestinationBase):

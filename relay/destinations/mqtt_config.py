@@ -18,6 +18,9 @@ class MqttDestinationConfig(BrokerTlsFiles):
 
     TLS_SCHEME: ClassVar[str] = "mqtts"
 
+    CLIENT_PACKAGE: ClassVar[str] = "paho-mqtt"
+    CLIENT: ClassVar[tuple[str, ...]] = ("paho",)
+
     type: Literal["mqtt"]
     url: str
     """``mqtt://[user:password@]host:1883`` (or ``mqtts://``)."""

@@ -49,6 +49,9 @@ class NatsDestinationConfig(BrokerTlsFiles):
 
     TLS_SCHEME: ClassVar[str] = "tls"
 
+    CLIENT_PACKAGE: ClassVar[str] = "nats-py"
+    CLIENT: ClassVar[tuple[str, ...]] = ("nats",)
+
     type: Literal["nats"]
     url: str
     """``nats://[user:password@]host:4222``, ``nats://TOKEN@host`` (or ``tls://``: TLS or
