@@ -3,7 +3,8 @@
 # at its lower bound (constraints-lowest.txt) in a fresh virtual environment, and runs a
 # selection of the suite there that covers the receivers, `relay serve` and `relay worker`, every
 # destination type (the brokers' included), the migrations, the console and the pytest plugin.
-# The machine's own environment is left as it is. .ci/run runs it after the suite.
+# The machine's own environment is left as it is. The suite runs it
+# (tests/test_lowest_versions.py, marked slow).
 #
 #   bash scripts/check_lowest.sh            # in $LOWEST_VENV (default: a new temporary directory)
 #   bash scripts/check_lowest.sh -x -v      # extra arguments go to pytest
