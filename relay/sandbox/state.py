@@ -119,6 +119,9 @@ class Message:
     conversions: list[dict[str, Any]] = field(default_factory=list)
     callbacks: list[str] = field(default_factory=list)
     """Ids of this message's callbacks, in the order they were scheduled."""
+    part_ids: list[str] = field(default_factory=list)
+    held: list[Callback] = field(default_factory=list)
+    """Chaos out-of-order: reports kept back until the final one has gone."""
 
 
 @dataclass
