@@ -80,6 +80,11 @@ class SandboxSettings(BaseModel):
         return value
 
 
+def _names(chaos: dict[str, Any]) -> dict[str, Any]:
+    """Chaos keys one way (``api-429`` and ``api_429`` are the same setting)."""
+    return {key.replace("-", "_"): value for key, value in chaos.items()}
+
+
 class SandboxSettingsError(ValueError):
     """Settings that cannot be used; the message says which and why (never a key's value)."""
 
@@ -101,7 +106,7 @@ def load_sandbox_settings(path: Path | None, overrides: dict[str, Any]) -> Sandb
     data.update({k: v for k, v in overrides.items() if v is not None})
     if chaos:
         given = data.get("chaos", {})
-        data["chaos"] = {**given, **chaos} if isinstance(given, dict) else given
+        data["chaos"] = {**_names(given), **_names(chaos)} if isinstance(given, dict) else given
     try:
         return SandboxSettings(**data)
     except ValidationError as exc:
