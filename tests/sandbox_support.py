@@ -62,3 +62,29 @@ def sms_fields(**changes: Any) -> dict[str, Any]:
 def reports(sink: Sink, path: str = "/hook") -> list[dict[str, Any]]:
     """The JSON bodies the sink received at ``path``."""
     return [json.loads(body) for body in sink.bodies(path)]
+
+
+@asynccontextmanager
+async def served(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app (its lifespan on) with uvicorn on a free port of 127.0.0.1 in this
+    event loop; its base URL."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
