@@ -142,6 +142,14 @@ async def test_a_reply_arrives_as_an_inbound_sms_at_the_inbound_url(sink: Sink) 
     assert inbound["contentList"][0]["sentDate"] == "2026-11-26T12:00:33.000Z"
 
 
+async def test_without_an_inbound_url_the_reply_is_not_sent(sink: Sink) -> None:
+    async with sandbox_api() as api:
+        await api.send(to="+99900000005", callbackUrl=sink.url())
+        await api.sandbox.scheduler.idle()
+        kinds = [c.kind for c in api.sandbox.state.callbacks.values()]
+    assert kinds == ["sms.dlr"] * 3
+
+
 async def test_reading_a_message_shows_its_current_state() -> None:
     clock = SteppedClock(START)
     async with sandbox_api(clock=clock) as api:
