@@ -198,3 +198,26 @@ async def test_a_conversion_for_an_unknown_request_id_is_a_404_problem() -> None
         answer = await api.client.post("/messaging/v1/conversion", json={"requestId": "nope"})
     assert answer.status_code == 404
     assert answer.json()["status"] == 404
+
+
+async def test_beyond_max_messages_the_oldest_finished_one_is_forgotten(sink: Sink) -> None:
+    async with sandbox_api(max_messages=2) as api:
+        first = (await api.send(callbackUrl=sink.url())).json()["requestId"]
+        second = (await api.send(callbackUrl=sink.url())).json()["requestId"]
+        await api.sandbox.scheduler.idle()
+        third = (await api.send()).json()["requestId"]
+        assert list(api.sandbox.state.messages) == [second, third]
+        assert {c.subject for c in api.sandbox.state.callbacks.values()} == {second}
+        gone = await api.client.get(f"/messaging/v1/messages/{first}")
+        assert gone.status_code == 404
+
+
+async def test_when_every_kept_message_is_under_way_a_send_is_a_503_problem() -> None:
+    async with sandbox_api(clock=SteppedClock(START), max_messages=2) as api:
+        await api.send()
+        await api.send()
+        answer = await api.send()
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        assert answer.json()["type"].endswith("sandbox-full")
+        assert len(api.sandbox.state.messages) == 2
