@@ -69,6 +69,13 @@ class SandboxSettings(BaseModel):
     """Seeds the chaos draws (reproducible runs)."""
     chaos: ChaosSettings = ChaosSettings()
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty (0.0.0.0 listens on every interface)")
+        return value
+
     @field_validator("inbound_url")
     @classmethod
     def _inbound_url(cls, value: str | None) -> str | None:
