@@ -14,6 +14,7 @@ from typing import Any
 from receivers.kinds import KINDS_BY_NAME
 from receivers.problems import Problem
 from relay.sandbox import numbers
+from relay.sandbox.callbacks import Action
 from relay.sandbox.inbound import inbound_message
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.sms_request import SmsRequest
@@ -92,7 +93,7 @@ def plan(
     return [*steps, final]
 
 
-def _mover(sandbox: Sandbox, message: Message, status: str) -> Any:
+def _mover(sandbox: Sandbox, message: Message, status: str) -> Action:
     async def move() -> None:
         if sandbox.state.messages.get(message.request_id) is message:  # not reset meanwhile
             _move(sandbox, message, status)
@@ -141,7 +142,7 @@ def _report(sandbox: Sandbox, message: Message, final: bool) -> None:
     message.held.clear()
 
 
-def _replier(sandbox: Sandbox, message: Message) -> Any:
+def _replier(sandbox: Sandbox, message: Message) -> Action:
     async def reply() -> None:
         url = sandbox.settings.inbound_url
         if url is None or sandbox.state.messages.get(message.request_id) is not message:
