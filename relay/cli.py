@@ -14,6 +14,7 @@ from relay.commands.process import db, serve, worker
 from relay.commands.retention import store
 from relay.commands.sources import sources
 from relay.commands.store import events, rejected
+from relay.sandbox.cli import sandbox
 from relay.simulator.cli import simulate
 
 
@@ -44,6 +45,7 @@ for command in (
     console_commands,
     store,
     simulate,
+    sandbox,
 ):
     main.add_command(command)
 deliveries.add_command(give_up_command)

@@ -80,6 +80,8 @@ class Recorded:
     body: bytes
     peer: str = ""
     """The client's address and port: one per connection."""
+    query: str = ""
+    """The raw query string."""
 
 
 class Sink:
@@ -110,6 +112,7 @@ class Sink:
                 dict(request.headers),
                 body,
                 f"{request.client.host}:{request.client.port}" if request.client else "",
+                request.url.query,
             )
         )
         scripted = self.script.get(request.url.path)

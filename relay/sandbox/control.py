@@ -1,0 +1,166 @@
+"""The control API, for tests and people: under ``/_sandbox/`` (no platform path starts with an
+underscore), same apikey. List messages with their callbacks and the receiver's answers, wait for
+a message (long-poll), send a callback again, list the magic numbers, reset."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from receivers.problems import Problem
+from relay.sandbox import numbers
+from relay.sandbox.sms import report
+from relay.sandbox.state import Message, iso
+from relay.sandbox.web import authorize, json_response, single_query
+
+if TYPE_CHECKING:
+    from relay.sandbox.sandbox import Sandbox
+
+PREFIX = "/_sandbox"
+WAIT_DEFAULT_SECONDS = 10.0
+WAIT_MAX_SECONDS = 60.0
+FILTERS = ("to", "text", "status")
+
+
+def message_json(sandbox: Sandbox, message: Message) -> dict[str, Any]:
+    """A message as the control API shows it: the platform's view plus the sandbox's."""
+    return {
+        **report(message, sandbox.base_url),
+        "message": message.text,
+        "encoding": message.encoding,
+        "textParts": message.parts,
+        "callbackUrl": message.callback_url,
+        "callbackMethod": message.callback_method,
+        "sendDateTime": iso(message.send_at),
+        "expiresAt": iso(message.expires_at),
+        "outcome": message.outcome,
+        "chaos": sorted(message.chaos),
+        "history": [{"status": s, "at": iso(at)} for s, at in message.history],
+        "conversions": message.conversions,
+        "callbacks": [
+            sandbox.state.callbacks[c].as_json()
+            for c in message.callbacks
+            if c in sandbox.state.callbacks
+        ],
+    }
+
+
+def _filters(request: Request) -> dict[str, str]:
+    query = single_query(request)
+    unknown = set(query) - {*FILTERS, "timeout"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise _invalid(name, "is not a filter (to, text, status)")
+    return {k: v for k, v in query.items() if k in FILTERS}
+
+
+def _matches(message: Message, filters: dict[str, str]) -> bool:
+    return (
+        filters.get("to", message.to) == message.to
+        and filters.get("text", "") in message.text
+        and filters.get("status", message.status).upper() == message.status
+    )
+
+
+def _invalid(field: str, message: str) -> Problem:
+    return Problem(
+        400,
+        "invalid-request",
+        "Bad Request",
+        f"{field}: {message}",
+        errors=[{"field": field, "message": message}],
+    )
+
+
+def _timeout(request: Request) -> float:
+    raw = request.query_params.get("timeout")
+    if raw is None:
+        return WAIT_DEFAULT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _invalid("timeout", "must be a number of seconds") from None
+    if not 0 <= value <= WAIT_MAX_SECONDS:
+        raise _invalid("timeout", f"must be 0 to {WAIT_MAX_SECONDS:g} seconds")
+    return value
+
+
+def control_routes(sandbox: Sandbox) -> list[Route]:
+    """The control API's routes for one sandbox."""
+
+    def guarded(endpoint: Any) -> Any:
+        async def checked(request: Request) -> Response:
+            authorize(request, sandbox.api_key)
+            return await endpoint(request)
+
+        return checked
+
+    async def list_messages(request: Request) -> Response:
+        filters = _filters(request)
+        found = [
+            message_json(sandbox, m)
+            for m in sandbox.state.messages.values()
+            if _matches(m, filters)
+        ]
+        return json_response({"messages": found})
+
+    async def wait_for_message(request: Request) -> Response:
+        filters = _filters(request)
+        timeout = _timeout(request)
+        deadline = time.monotonic() + timeout
+        while True:
+            for message in sandbox.state.messages.values():
+                if _matches(message, filters):
+                    return json_response(message_json(sandbox, message))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Problem(
+                    404,
+                    "no-match",
+                    "Not Found",
+                    f"No message matched within {timeout:g} s.",
+                )
+            await sandbox.state.wait_for_change(left)
+
+    async def list_callbacks(request: Request) -> Response:
+        single_query(request)
+        return json_response({"callbacks": [c.as_json() for c in sandbox.state.callbacks.values()]})
+
+    async def resend(request: Request) -> Response:
+        callback = sandbox.state.callbacks.get(request.path_params["id"])
+        if callback is None:
+            raise Problem(404, "not-found", "Not Found", "No callback with this id.")
+        sandbox.scheduler.resend(callback)
+        return json_response(callback.as_json(), status=202)
+
+    async def reset(request: Request) -> Response:
+        sandbox.reset()
+        return Response(status_code=204, headers={"cache-control": "no-store"})
+
+    async def magic_numbers(request: Request) -> Response:
+        return json_response({"numbers": [n.as_json() for n in numbers.NUMBERS]})
+
+    async def idle(request: Request) -> Response:
+        try:
+            async with asyncio.timeout(_timeout(request)):
+                await sandbox.scheduler.idle()
+        except TimeoutError:
+            raise Problem(
+                503, "busy", "Service Unavailable", "Callbacks are still due or in flight."
+            ) from None
+        return Response(status_code=204, headers={"cache-control": "no-store"})
+
+    return [
+        Route(f"{PREFIX}/messages", guarded(list_messages), methods=["GET"]),
+        Route(f"{PREFIX}/messages/wait", guarded(wait_for_message), methods=["GET"]),
+        Route(f"{PREFIX}/callbacks", guarded(list_callbacks), methods=["GET"]),
+        Route(f"{PREFIX}/callbacks/{{id}}/resend", guarded(resend), methods=["POST"]),
+        Route(f"{PREFIX}/reset", guarded(reset), methods=["POST"]),
+        Route(f"{PREFIX}/numbers", guarded(magic_numbers), methods=["GET"]),
+        Route(f"{PREFIX}/idle", guarded(idle), methods=["GET"]),
+    ]

@@ -1,0 +1,126 @@
+"""A sandbox's settings: where it listens, its API key, its time scale, where inbound SMS go,
+and its chaos. Read from a TOML file (``--config``) with the command line's options on top."""
+
+from __future__ import annotations
+
+import tomllib
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from relay.durations import Duration
+
+CHAOS_NAMES = ("api-429", "api-500", "duplicate", "out-of-order", "slow")
+"""The kinds of chaos, as named in the ``X-Sandbox-Chaos`` header and ``--chaos``."""
+API_CHAOS = frozenset({"api-429", "api-500"})
+
+
+class ChaosSettings(BaseModel):
+    """Per run: the share (0 to 1) of API requests or messages that get each kind of chaos."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    api_429: float = Field(default=0.0, ge=0, le=1, alias="api-429")
+    api_500: float = Field(default=0.0, ge=0, le=1, alias="api-500")
+    duplicate: float = Field(default=0.0, ge=0, le=1)
+    out_of_order: float = Field(default=0.0, ge=0, le=1, alias="out-of-order")
+    slow: float = Field(default=0.0, ge=0, le=1)
+    slow_delay: Duration = timedelta(minutes=1)
+    """How late a slow callback is sent (platform time)."""
+    retry_after: int = Field(default=1, ge=0, le=3600)
+    """The Retry-After (seconds) of an api-429 answer."""
+
+    def rate(self, name: str) -> float:
+        """The share for a chaos name of :data:`CHAOS_NAMES`."""
+        return float(getattr(self, name.replace("-", "_")))
+
+
+def http_url(value: str | None) -> str | None:
+    """An absolute http(s) URL with a host, or None; ValueError otherwise."""
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http(s) URL with a host")
+    return value
+
+
+class SandboxSettings(BaseModel):
+    """One sandbox's settings (keys of the ``--config`` TOML file)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8100, ge=0, le=65535)
+    api_key: SecretStr | None = None
+    """The key the app sends in the ``apikey`` header; generated at start when not given."""
+    time_scale: float = Field(default=1.0, gt=0, le=1000)
+    """Platform time runs ``1 / time_scale`` times faster (0.001: 48 h in ~3 min)."""
+    inbound_url: str | None = None
+    """Where inbound SMS (a magic number's reply) are sent; none: they are not sent."""
+    validity: Duration = timedelta(hours=48)
+    """How long an SMS without ``validity`` stays deliverable (an assumption: not published)."""
+    max_messages: int = Field(default=10_000, ge=1, le=1_000_000)
+    """How many messages are kept: beyond it, the oldest finished ones are forgotten."""
+    seed: int | None = None
+    """Seeds the chaos draws (reproducible runs)."""
+    chaos: ChaosSettings = ChaosSettings()
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty (0.0.0.0 listens on every interface)")
+        return value
+
+    @field_validator("inbound_url")
+    @classmethod
+    def _inbound_url(cls, value: str | None) -> str | None:
+        return http_url(value)
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+def _names(chaos: dict[str, Any]) -> dict[str, Any]:
+    """Chaos keys one way (``api-429`` and ``api_429`` are the same setting)."""
+    return {key.replace("-", "_"): value for key, value in chaos.items()}
+
+
+class SandboxSettingsError(ValueError):
+    """Settings that cannot be used; the message says which and why (never a key's value)."""
+
+
+def load_sandbox_settings(path: Path | None, overrides: dict[str, Any]) -> SandboxSettings:
+    """The TOML file's settings (if any) with ``overrides`` (non-None values) on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise SandboxSettingsError(f"config file {path} does not exist") from None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise SandboxSettingsError(f"config file {path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise SandboxSettingsError(f"config file {path} cannot be read: {exc}") from None
+    overrides = dict(overrides)
+    chaos = overrides.pop("chaos", None) or {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if chaos:
+        given = data.get("chaos", {})
+        data["chaos"] = {**_names(given), **_names(chaos)} if isinstance(given, dict) else given
+    try:
+        return SandboxSettings(**data)
+    except ValidationError as exc:
+        lines = [
+            f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        raise SandboxSettingsError("invalid sandbox settings:\n" + "\n".join(lines)) from None
