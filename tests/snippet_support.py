@@ -31,8 +31,10 @@ RUNNERS = (
     "json",
     "yaml",
     "relay-config",
+    "sandbox-config",
     "pytest-config",
     "help",
+    "sandbox",
     "consumer",
     "pytest",
     "signature",
@@ -40,19 +42,32 @@ RUNNERS = (
 """What :func:`runner_of` answers: each is a test of tests/test_snippets.py or
 tests/test_broker_snippets.py, parametrized with the blocks it runs."""
 
+SANDBOX_KEYS = {"time_scale", "chaos", "max_messages"}
+"""Keys only a `relay sandbox --config` file has (the relay's settings have none of them)."""
+
 SHOWN = {"text": "what a program prints, or a diagram: shown, not pasted"}
 """Languages whose blocks are never run, with the reason."""
 
 NOT_RUN: dict[tuple[str, str], str] = {
-    ("README.md", "python3 -m pip install -e . && python3 -m relay serve"): (
+    (
+        "README.md",
+        "python3 -m pip install -c constraints.txt -e '.[brokers]' && python3 -m relay serve",
+    ): (
         "installs the package, then serves until stopped: tests/test_default_source.py runs "
         "`python3 -m relay serve` on a fresh database and reads what it prints"
     ),
-    ("README.md", "python3 -m pip install -e '.[test]' && python3 -m pytest"): (
+    ("README.md", "python3 -m pip install -c constraints.txt -e '.[test]' && python3 -m pytest"): (
         "the suite itself: .ci/run runs exactly this line (tests/test_docs.py checks it)"
     ),
-    ("docs/development.md", "python3 -m pip install -e '.[test]' && python3 -m pytest"): (
-        "the suite itself: .ci/run runs exactly this line (tests/test_docs.py checks it)"
+    (
+        "docs/development.md",
+        "python3 -m pip install -c constraints.txt -e '.[test]' && python3 -m pytest",
+    ): ("the suite itself: .ci/run runs exactly this line (tests/test_docs.py checks it)"),
+    ("docs/development.md", "bash scripts/check_lowest.sh -x"): (
+        "a second environment at the lowest versions: tests/test_lowest_versions.py runs it"
+    ),
+    ("docs/operations.md", "python3 -m pip install -c constraints.txt '.[brokers]'"): (
+        "installs the package: the README's set-up line does the same, and the suite runs in it"
     ),
     ("docs/development.md", "python3 -m pytest -m 'not slow'"): (
         "a selection of the suite: the suite cannot run itself"
@@ -140,9 +155,17 @@ def all_blocks(root: Path = ROOT) -> list[Block]:
 
 def command_lines(block: Block) -> Iterator[list[str]]:
     """A shell block's commands as words, without comments, brackets of optional parts
-    (``[--since T]``) or redirections."""
+    (``[--since T]``), redirections or the environment variables set before them."""
+    pending = ""
     for line in block.text.replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True)
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            words = shlex.split(pending, comments=True)
+        except ValueError:  # a quoted argument goes on over the next line
+            continue
+        pending = ""
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+            words = words[1:]  # an environment variable set for the command
         for stop in (">", "|", "&&"):
             if stop in words:
                 words = words[: words.index(stop)]
@@ -183,9 +206,18 @@ def runner_of(block: Block) -> str | None:
     if block.language == "yaml":
         return "yaml"
     if block.language == "toml":
-        return "pytest-config" if "tool" in _toml_or_empty(block.text) else "relay-config"
+        keys = _toml_or_empty(block.text).keys()
+        if "tool" in keys:
+            return "pytest-config"
+        return "sandbox-config" if keys & SANDBOX_KEYS else "relay-config"
     if block.language == "sh":
         commands = list(command_lines(block))
+        if (
+            commands
+            and commands[0][:2] == ["relay", "sandbox"]
+            and all(words[0] == "curl" for words in commands[1:])
+        ):
+            return "sandbox"
         checkable = all(
             relay_arguments(words) is not None or script_of(words) for words in commands
         )

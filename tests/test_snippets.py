@@ -22,6 +22,7 @@ import yaml
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.sandbox.settings import load_sandbox_settings
 from relay.settings import Settings
 from relay.simulator.testing import PlatformSimulator
 from tests.snippet_support import (
@@ -41,6 +42,8 @@ from tests.snippet_support import (
     unaccounted,
     with_placeholders_filled,
 )
+from tests.store_support import eventually
+from tests.support import free_port
 
 BLOCKS = all_blocks()
 ASYNC_UNSUPPORTED = "async def functions are not natively supported"
@@ -143,6 +146,13 @@ def test_configuration_blocks_are_valid_settings(
     Settings(**configuration(block))  # raises the ValidationError the relay describes
 
 
+@pytest.mark.parametrize("block", blocks_run_by("sandbox-config", BLOCKS), ids=ids)
+def test_sandbox_configuration_blocks_load(block: Block, tmp_path: Path) -> None:
+    config = tmp_path / "sandbox.toml"
+    config.write_text(block.text, encoding="utf-8")
+    load_sandbox_settings(config, {})  # raises the error `relay sandbox` prints
+
+
 @functools.cache
 def script_help(script: str) -> str:
     """``python3 scripts/NAME.py --help``'s output (once per script: each takes seconds)."""
@@ -175,6 +185,47 @@ def test_commands_exist_with_the_options_shown(block: Block) -> None:
         options = [word.split("=", 1)[0] for word in arguments if word.startswith("--")]
         unknown = [option for option in options if option not in shown]
         assert not unknown, f"{' '.join(words)}: its --help does not know {unknown}"
+
+
+@pytest.mark.parametrize("block", blocks_run_by("sandbox", BLOCKS), ids=ids)
+async def test_the_sandbox_answers_the_requests_shown(block: Block, tmp_path: Path) -> None:
+    """``relay sandbox ... &`` then ``curl`` lines: the sandbox runs on a free port in place of
+    the one shown, and each request shown gets a 2xx answer in JSON."""
+    start, *requests = block.text.replace("\\\n", " ").split("\n", 1)
+    assignments = re.findall(r"\b([A-Z_][A-Z0-9_]*)=(\S+)", start.split("relay", 1)[0])
+    [arguments, *_] = [words for words in command_lines(block)][:1]
+    port = free_port()
+    shown_port = re.search(r"--port (\d+)", start)
+    options = [o for o in re.sub(r"--port \d+", "", " ".join(arguments[2:])).split() if o != "&"]
+    env = {**os.environ, **dict(assignments)}
+    output = tmp_path / "sandbox.out"
+    with output.open("wb") as sink:
+        sandbox = subprocess.Popen(
+            [sys.executable, "-m", "relay", "sandbox", "--port", str(port), *options],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        await eventually(lambda: "127.0.0.1:" in output.read_text() or sandbox.poll() is not None)
+        assert sandbox.poll() is None, output.read_text()
+        script = "".join(requests)
+        script = script.replace(
+            f"127.0.0.1:{shown_port[1] if shown_port else 8100}", f"127.0.0.1:{port}"
+        )
+        ran = subprocess.run(
+            ["bash", "-c", f"{script.strip()} -w '\\n%{{http_code}}'"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        body, _, status = ran.stdout.rpartition("\n")
+        assert ran.returncode == 0 and status.startswith("2"), f"{status}: {body}{ran.stderr}"
+        assert json.loads(body)
+    finally:
+        sandbox.terminate()
+        sandbox.wait(timeout=30)
 
 
 @pytest.mark.parametrize("block", blocks_run_by("signature", BLOCKS), ids=ids)
