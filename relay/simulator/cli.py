@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 import click
-import httpx
 
 from relay.observe.progress import Bar
 from relay.simulator.clocks import ScaledClock
@@ -22,9 +21,14 @@ from relay.simulator.report import (
     render,
     summarize,
 )
-from relay.simulator.run import RunOptions, plan, run_units
+from relay.simulator.run import Pacer, RunOptions, plan, run_units
 from relay.simulator.scenarios import SCENARIOS, Scenario
+from relay.simulator.senders import CLIENT_CHOICES, Sender, sender_for
 from relay.simulator.wire import Credentials, Endpoint
+
+MAX_CONCURRENCY = 10_000
+"""More connections than this to one receiver would run out of file descriptors first."""
+MAX_RATE = 1_000_000.0
 
 
 class ScenarioGroup(click.Group):
@@ -86,11 +90,26 @@ def _scenario_command(scenario: Scenario) -> click.Command:
         type=click.IntRange(1),
         help="How many instances of the scenario.",
     )
-    @click.option("--concurrency", default=10, show_default=True, type=click.IntRange(1))
+    @click.option(
+        "--concurrency",
+        default=10,
+        show_default=True,
+        type=click.IntRange(1, MAX_CONCURRENCY),
+        help="Scenario instances in flight at once (one connection each).",
+    )
     @click.option(
         "--rate",
-        type=click.FloatRange(min=0, min_open=True),
-        help="At most this many callbacks started per second.",
+        type=click.FloatRange(min=0, max=MAX_RATE, min_open=True),
+        help="Start callbacks on a fixed schedule, this many per second (open loop: "
+        "whatever the answers' latency, given enough --concurrency).",
+    )
+    @click.option(
+        "--client",
+        type=click.Choice(CLIENT_CHOICES),
+        default="auto",
+        show_default=True,
+        help="auto: the lean HTTP/1.1 client for http://, httpx for https://; "
+        "httpx: every request through httpx.",
     )
     @click.option(
         "--time-scale",
@@ -153,8 +172,15 @@ def _scenario_command(scenario: Scenario) -> click.Command:
             shuffle=options["shuffle"],
             overrides=dict(parse_setting(s) for s in options["settings"]),
         )
-        results, elapsed = asyncio.run(_play(scenario, endpoint, credentials, run_options, options))
-        summary = summarize(results, elapsed)
+        try:
+            sender = sender_for(endpoint, run_options.concurrency, options["client"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--client") from None
+        pacer = Pacer(run_options.rate)
+        results, elapsed = asyncio.run(
+            _play(scenario, endpoint, credentials, run_options, options, sender, pacer)
+        )
+        summary = summarize(results, elapsed, pacer)
         if options["as_json"]:
             click.echo(
                 json.dumps(
@@ -180,12 +206,13 @@ async def _play(
     credentials: Credentials,
     run_options: RunOptions,
     options: dict[str, Any],
+    sender: Sender,
+    pacer: Pacer,
 ) -> tuple[list[CallbackResult], float]:
     rng = random.Random(options["seed"])
-    limits = httpx.Limits(max_connections=run_options.concurrency)
-    async with httpx.AsyncClient(limits=limits, follow_redirects=False) as client:
+    try:
         platform = Platform(
-            client,
+            sender,
             endpoint,
             clock=ScaledClock(options["time_scale"]),
             credentials=credentials,
@@ -210,7 +237,9 @@ async def _play(
                 bar.advance()
 
             platform.on_failure = failed
-            results = await run_units(platform, units, run_options, on_result=done)
+            results = await run_units(platform, units, run_options, on_result=done, pacer=pacer)
+    finally:
+        await sender.aclose()
     return results, time.monotonic() - started
 
 
