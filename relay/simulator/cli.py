@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from receivers.event_loop import LOOP_NAMES, LoopUnavailable, loop_factory
 from relay.observe.progress import Bar
 from relay.simulator.clocks import ScaledClock
 from relay.simulator.platform import Attempt, CallbackResult, Platform
@@ -156,6 +157,15 @@ def _scenario_command(scenario: Scenario) -> click.Command:
         is_flag=True,
         help="Print the summary and every attempt as JSON (failed attempts on stderr).",
     )
+    @click.option(
+        "--loop",
+        default="auto",
+        show_default=True,
+        envvar="RELAY_LOOP",
+        type=click.Choice(LOOP_NAMES),
+        help="Event loop: uvloop where it is installed (auto), asyncio's own, or uvloop "
+        "($RELAY_LOOP).",
+    )
     def command(**options: Any) -> None:
         """Print a line per failed attempt as it happens, then the summary; a progress bar
         on stderr when it is a terminal."""
@@ -176,10 +186,15 @@ def _scenario_command(scenario: Scenario) -> click.Command:
             sender = sender_for(endpoint, run_options.concurrency, options["client"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--client") from None
+        try:
+            new_loop = loop_factory(options["loop"])
+        except LoopUnavailable as exc:
+            raise click.BadParameter(str(exc), param_hint="--loop") from None
         pacer = Pacer(run_options.rate)
-        results, elapsed = asyncio.run(
-            _play(scenario, endpoint, credentials, run_options, options, sender, pacer)
-        )
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            results, elapsed = runner.run(
+                _play(scenario, endpoint, credentials, run_options, options, sender, pacer)
+            )
         summary = summarize(results, elapsed, pacer)
         if options["as_json"]:
             click.echo(

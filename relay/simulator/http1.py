@@ -28,6 +28,7 @@ from relay.simulator.senders import NoAnswer, SendFailed
 from relay.simulator.wire import Endpoint, Prepared
 
 SAFE_PATH = "/%:@!$&'()*+,;=-._~"
+TARGETS_KEPT = 64
 
 
 class _Connection(asyncio.Protocol):
@@ -116,14 +117,17 @@ class Http1Sender:
         self._limit = connections
         self._open = 0
         self._idle: list[_Connection] = []
+        self._targets: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        """Request targets by URL and query (POSTs share a few; GETs' queries differ)."""
         self._waiting: deque[asyncio.Future[_Connection | None]] = deque()
 
     def head(self, prepared: Prepared, headers: Mapping[str, str]) -> bytes:
         """The request line and headers of one attempt (CR or LF in a header is refused)."""
-        path = prepared.url[len(self._origin) :] if prepared.url.startswith(self._origin) else ""
-        target = quote(path, safe=SAFE_PATH) or "/"
-        if prepared.query:
-            target += "?" + urlencode(prepared.query)
+        target = self._targets.get((prepared.url, prepared.query))
+        if target is None:
+            target = self._target(prepared)
+            if len(self._targets) < TARGETS_KEPT:
+                self._targets[prepared.url, prepared.query] = target
         lines = [f"{prepared.method} {target} HTTP/1.1\r\n", self._fixed]
         lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
         if prepared.body is not None:
@@ -132,6 +136,13 @@ class Http1Sender:
             raise SendFailed("a header holds a line break")
         lines.append("\r\n")
         return "".join(lines).encode("latin-1")
+
+    def _target(self, prepared: Prepared) -> str:
+        path = prepared.url[len(self._origin) :] if prepared.url.startswith(self._origin) else ""
+        target = quote(path, safe=SAFE_PATH) or "/"
+        if prepared.query:
+            target += "?" + urlencode(prepared.query)
+        return target
 
     async def send(self, prepared: Prepared, headers: Mapping[str, str], timeout: float) -> int:
         try:
