@@ -111,7 +111,9 @@ class Report:
             if side == "simulate" and turns:
                 answers = f"; answers p50 {turns[-1].p50_ms} ms, p99 {turns[-1].p99_ms} ms"
             lines.append(f"{side:<9} {mean:>9,.0f}/s  (turns: {rates}){answers}")
-        lines.append(f"ratio     simulate / wrk = {self.ratio:.3f} (wanted >= {self.args.min_ratio})")
+        lines.append(
+            f"ratio     simulate / wrk = {self.ratio:.3f} (wanted >= {self.args.min_ratio})"
+        )
         for run in self.rates:
             lines.append(
                 f"--rate {run.asked_per_s:g}: sent {run.sent_per_s:,.1f}/s ({run.error_pct:+.2f} %)"

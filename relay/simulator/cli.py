@@ -67,7 +67,9 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 
 def parse_header(text: str) -> tuple[str, str]:
-    """``Name: value`` or ``Name=value``."""
+    """``Name: value`` or ``Name=value`` (no line break: it would end the header)."""
+    if "\r" in text or "\n" in text:
+        raise click.BadParameter("a header holds no line break", param_hint="--header")
     for separator in (":", "="):
         name, sep, value = text.partition(separator)
         if sep and name.strip():
@@ -190,7 +192,10 @@ def _scenario_command(scenario: Scenario) -> click.Command:
             new_loop = loop_factory(options["loop"])
         except LoopUnavailable as exc:
             raise click.BadParameter(str(exc), param_hint="--loop") from None
-        pacer = Pacer(run_options.rate)
+        try:
+            pacer = Pacer(run_options.rate)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rate") from None
         with asyncio.Runner(loop_factory=new_loop) as runner:
             results, elapsed = runner.run(
                 _play(scenario, endpoint, credentials, run_options, options, sender, pacer)
