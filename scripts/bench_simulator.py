@@ -15,7 +15,8 @@ b) `relay simulate sms-dlr --count N --concurrency C --no-retry --json` (the com
 
 ratio = simulate callbacks/s / wrk requests/s, each summed over its turns; the check wants at
 least ``--min-ratio`` (0.25). Then the rate check: for each of ``--rates`` (1000,5000), one
-`relay simulate --rate R` run of about ``--seconds`` (``--concurrency`` as above); it prints the
+`relay simulate --rate R` run of about ``--seconds`` (``--rate-concurrency``, 100: an open loop
+needs rate x answer time callbacks in flight, with room for slow answers); it prints the
 achieved rate (the report's ``rate_sent_per_s``) and its error, which must stay within
 ``--tolerance`` (5 %). p50/p99 are the receiver's answer times as `relay simulate` reports them.
 
@@ -139,10 +140,12 @@ def wrk_turn(args: argparse.Namespace, script: str, port: int) -> Turn:
     return Turn("wrk", int(total.group(1)), float(total.group(2)), float(found.group(1)))
 
 
-def simulate(args: argparse.Namespace, port: int, count: int, seed: int, *extra: str) -> dict:
+def simulate(
+    args: argparse.Namespace, port: int, count: int, seed: int, concurrency: int, *extra: str
+) -> dict:
     """One `relay simulate sms-dlr ... --json` run; its report (BenchError when it failed)."""
     argv = [*harness.relay_command(), "simulate", "sms-dlr", "--url", f"http://{HOST}:{port}/hooks",
-            "--count", str(count), "--concurrency", str(args.concurrency), "--no-retry",
+            "--count", str(count), "--concurrency", str(concurrency), "--no-retry",
             "--seed", str(seed), "--json", *extra]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, env=harness.relay_env(),
                           timeout=args.seconds * 20 + 120, check=False)  # fmt: skip
@@ -156,7 +159,7 @@ def simulate(args: argparse.Namespace, port: int, count: int, seed: int, *extra:
 
 
 def simulate_turn(args: argparse.Namespace, port: int, count: int, seed: int) -> Turn:
-    summary = simulate(args, port, count, seed)["summary"]
+    summary = simulate(args, port, count, seed, args.concurrency)["summary"]
     if summary["answers"] != {"200": summary["attempts"]}:
         raise BenchError(f"the no-op endpoint did not answer 200 to all: {summary['answers']}")
     return Turn(
@@ -171,7 +174,8 @@ def simulate_turn(args: argparse.Namespace, port: int, count: int, seed: int) ->
 
 def rate_run(args: argparse.Namespace, port: int, rate: float, seed: int) -> RateRun:
     count = max(10, round(rate * args.seconds / CALLBACKS_PER_INSTANCE))
-    summary = simulate(args, port, count, seed, "--rate", f"{rate:g}")["summary"]
+    extra = ("--rate", f"{rate:g}")
+    summary = simulate(args, port, count, seed, args.rate_concurrency, *extra)["summary"]
     sent = summary["rate_sent_per_s"] or 0.0
     return RateRun(rate, sent, (sent - rate) / rate * 100, summary["attempts"],
                    summary["latency_p50_ms"], summary["latency_p99_ms"])  # fmt: skip
@@ -222,6 +226,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--seconds", type=at_least(1), default=4, help="seconds per turn (about)")
     add("--concurrency", type=at_least(1), default=50, help="connections of both")
     add("--rates", default="1000,5000", help="--rate values to check, comma-separated")
+    add("--rate-concurrency", type=at_least(1), default=100,
+        help="--concurrency of the rate runs (an open loop needs rate x latency)")  # fmt: skip
     add("--tolerance", type=float, default=5.0, help="rate error allowed, per cent")
     add("--min-ratio", type=float, default=0.25, help="simulate / wrk wanted at least")
     add("--wrk", default="wrk", help="the wrk command")
