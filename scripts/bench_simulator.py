@@ -18,7 +18,9 @@ least ``--min-ratio`` (0.25). Then the rate check: for each of ``--rates`` (1000
 `relay simulate --rate R` run of about ``--seconds`` (``--rate-concurrency``, 100: an open loop
 needs rate x answer time callbacks in flight, with room for slow answers); it prints the
 achieved rate (the report's ``rate_sent_per_s``) and its error, which must stay within
-``--tolerance`` (5 %). p50/p99 are the receiver's answer times as `relay simulate` reports them.
+``--tolerance`` (5 %). p50/p99 are the receiver's answer times as `relay simulate` reports them;
+the sender's CPU per callback is the run's user + system time less that of a one-callback run
+(start-up: imports), divided by the callbacks sent (payload building included).
 
 Exit status 1 when a check failed, 2 when the run failed (no wrk, the endpoint did not start)::
 
@@ -31,6 +33,7 @@ import argparse
 import json
 import math
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -61,6 +64,8 @@ class Turn:
     per_s: float
     p50_ms: float | None = None
     p99_ms: float | None = None
+    cpu_us: float | None = None
+    """The sender's CPU per callback, its start-up left out (relay simulate only)."""
 
 
 @dataclass
@@ -73,6 +78,7 @@ class RateRun:
     callbacks: int
     p50_ms: float | None
     p99_ms: float | None
+    cpu_us: float
 
 
 @dataclass
@@ -81,6 +87,7 @@ class Report:
     turns: list[Turn]
     rates: list[RateRun]
     seconds: float
+    startup_cpu_s: float
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -96,6 +103,7 @@ class Report:
             "rates": [asdict(r) for r in self.rates],
             "concurrency": self.args.concurrency,
             "duration_s": round(self.seconds, 1),
+            "startup_cpu_s": round(self.startup_cpu_s, 2),
             "problems": self.problems,
         }
 
@@ -110,7 +118,11 @@ class Report:
             mean = sum(t.per_s for t in turns) / len(turns) if turns else math.nan
             answers = ""
             if side == "simulate" and turns:
-                answers = f"; answers p50 {turns[-1].p50_ms} ms, p99 {turns[-1].p99_ms} ms"
+                last = turns[-1]
+                answers = (
+                    f"; answers p50 {last.p50_ms} ms, p99 {last.p99_ms} ms; "
+                    f"sender CPU {last.cpu_us:.0f} us/callback"
+                )
             lines.append(f"{side:<9} {mean:>9,.0f}/s  (turns: {rates}){answers}")
         lines.append(
             f"ratio     simulate / wrk = {self.ratio:.3f} (wanted >= {self.args.min_ratio})"
@@ -118,7 +130,8 @@ class Report:
         for run in self.rates:
             lines.append(
                 f"--rate {run.asked_per_s:g}: sent {run.sent_per_s:,.1f}/s ({run.error_pct:+.2f} %)"
-                f", {run.callbacks} callbacks, answers p50 {run.p50_ms} ms, p99 {run.p99_ms} ms"
+                f", {run.callbacks} callbacks, answers p50 {run.p50_ms} ms, p99 {run.p99_ms} ms, "
+                f"sender CPU {run.cpu_us:.0f} us/callback"
             )
         lines.append(
             "result: " + ("FAILED: " + "; ".join(self.problems) if self.problems else "ok")
@@ -147,19 +160,34 @@ def simulate(
     argv = [*harness.relay_command(), "simulate", "sms-dlr", "--url", f"http://{HOST}:{port}/hooks",
             "--count", str(count), "--concurrency", str(concurrency), "--no-retry",
             "--seed", str(seed), "--json", *extra]  # fmt: skip
+    before = _children_cpu()
     done = subprocess.run(argv, capture_output=True, text=True, env=harness.relay_env(),
                           timeout=args.seconds * 20 + 120, check=False)  # fmt: skip
     if done.returncode:
         raise BenchError(f"relay simulate failed ({done.returncode}): {done.stderr[-2000:]}")
     report: dict[str, Any] = json.loads(done.stdout)
+    report["cpu_s"] = _children_cpu() - before
     events = [a["event"] for a in report["attempts"]]
     if len(set(events)) != len(events):
         raise BenchError("relay simulate sent the same callback twice")
     return report
 
 
-def simulate_turn(args: argparse.Namespace, port: int, count: int, seed: int) -> Turn:
-    summary = simulate(args, port, count, seed, args.concurrency)["summary"]
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def per_callback_us(report: dict[str, Any], startup_cpu_s: float) -> float:
+    """The sender's CPU per callback, in microseconds, its start-up (imports) left out."""
+    return (report["cpu_s"] - startup_cpu_s) / max(report["summary"]["attempts"], 1) * 1e6
+
+
+def simulate_turn(
+    args: argparse.Namespace, port: int, count: int, seed: int, startup_cpu_s: float = 0.0
+) -> Turn:
+    report = simulate(args, port, count, seed, args.concurrency)
+    summary = report["summary"]
     if summary["answers"] != {"200": summary["attempts"]}:
         raise BenchError(f"the no-op endpoint did not answer 200 to all: {summary['answers']}")
     return Turn(
@@ -169,16 +197,21 @@ def simulate_turn(args: argparse.Namespace, port: int, count: int, seed: int) ->
         summary["attempts"] / summary["elapsed_s"],
         summary["latency_p50_ms"],
         summary["latency_p99_ms"],
+        per_callback_us(report, startup_cpu_s),
     )
 
 
-def rate_run(args: argparse.Namespace, port: int, rate: float, seed: int) -> RateRun:
+def rate_run(
+    args: argparse.Namespace, port: int, rate: float, seed: int, startup_cpu_s: float
+) -> RateRun:
     count = max(10, round(rate * args.seconds / CALLBACKS_PER_INSTANCE))
     extra = ("--rate", f"{rate:g}")
-    summary = simulate(args, port, count, seed, args.rate_concurrency, *extra)["summary"]
+    report = simulate(args, port, count, seed, args.rate_concurrency, *extra)
+    summary = report["summary"]
     sent = summary["rate_sent_per_s"] or 0.0
     return RateRun(rate, sent, (sent - rate) / rate * 100, summary["attempts"],
-                   summary["latency_p50_ms"], summary["latency_p99_ms"])  # fmt: skip
+                   summary["latency_p50_ms"], summary["latency_p99_ms"],
+                   per_callback_us(report, startup_cpu_s))  # fmt: skip
 
 
 def run_bench(args: argparse.Namespace) -> Report:
@@ -197,18 +230,19 @@ def run_bench(args: argparse.Namespace) -> Report:
         proc = stack.start("noop", uvicorn_argv("noop_app:app", port), harness.relay_env())
         harness.wait_http(proc, port, "/healthz")
         log(f"no-op endpoint on {port}")
-        warm = simulate_turn(args, port, 500, 0)  # imports, connections, caches
-        log(f"warm-up: {warm.per_s:,.0f}/s")
+        simulate(args, port, 1, 0, 1)  # warm-up: file caches
+        startup = simulate(args, port, 1, 0, 1)["cpu_s"]  # start-up CPU (imports, one callback)
+        log(f"relay simulate start-up: {startup:.2f} s of CPU")
         for round_ in range(args.rounds):
             baseline = wrk_turn(args, str(script), port)
             count = max(100, round(baseline.per_s * args.seconds / CALLBACKS_PER_INSTANCE))
-            ours = simulate_turn(args, port, count, round_ + 1)
+            ours = simulate_turn(args, port, count, round_ + 1, startup)
             log(f"turn {round_ + 1}: wrk {baseline.per_s:,.0f}/s, simulate {ours.per_s:,.0f}/s")
             turns += [baseline, ours]
         for i, rate in enumerate(args.rates):
-            rates.append(rate_run(args, port, rate, 100 + i))
+            rates.append(rate_run(args, port, rate, 100 + i, startup))
             log(f"--rate {rate:g}: {rates[-1].sent_per_s:,.1f}/s")
-    report = Report(args, turns, rates, time.monotonic() - started)
+    report = Report(args, turns, rates, time.monotonic() - started, startup)
     if not report.ratio >= args.min_ratio:
         report.problems.append(f"ratio {report.ratio:.3f} below {args.min_ratio}")
     for run in rates:
