@@ -31,6 +31,7 @@ from relay.simulator.run import Pacer, RunOptions, plan, run_units
 from relay.simulator.scenarios import SCENARIOS
 from relay.simulator.senders import HttpxSender, NoAnswer, SendFailed, sender_for
 from relay.simulator.wire import Endpoint, Prepared
+from tests.store_support import eventually
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +161,9 @@ class RawServer:
         self.answers = answers
         self.heads: list[bytes] = []
         self.connections = 0
+        self.closed = 0
+        self.hang_up = False
+        """Close each connection after its first answer (an idle time-out, say)."""
         self.port = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -178,12 +182,13 @@ class RawServer:
                     await asyncio.Event().wait()  # never answers
                 writer.write(answer)
                 await writer.drain()
-                if b"Connection: close" in answer or b"HTTP/1.0" in answer[:8]:
+                if b"Connection: close" in answer or b"HTTP/1.0" in answer[:8] or self.hang_up:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+            self.closed += 1
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -223,6 +228,17 @@ async def test_requests_share_keep_alive_connections_and_carry_the_endpoint_s_pa
     assert f"Host: 127.0.0.1:{raw.port}\r\n" in first
     assert "Authorization: Basic dXNlcjpzM2NyZXQ=\r\n" in first
     assert "x-custom: v\r\n" in first and "Content-Length: 2\r\n" in first
+
+
+async def test_a_connection_the_receiver_closed_while_idle_is_not_reused(raw: RawServer) -> None:
+    sender = Http1Sender(Endpoint.parse(f"http://127.0.0.1:{raw.port}"), 1)
+    raw.hang_up = True
+
+    assert await sender.send(request(raw.port), {}, 5) == 200
+    await eventually(lambda: raw.closed == 1)
+    assert await sender.send(request(raw.port), {}, 5) == 200
+    await sender.aclose()
+    assert raw.connections == 2
 
 
 async def test_no_more_connections_than_asked_for(raw: RawServer) -> None:

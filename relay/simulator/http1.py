@@ -31,6 +31,10 @@ SAFE_PATH = "/%:@!$&'()*+,;=-._~"
 TARGETS_KEPT = 64
 
 
+class _Stale(Exception):
+    """A kept-alive connection was closed by the receiver before our request reached it."""
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection, one request in flight; the answer's status code resolves
     ``answer`` once the whole answer is read (or the connection closes after its head)."""
@@ -40,6 +44,9 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.keep_alive = True
         self.answer: asyncio.Future[int] | None = None
+        self.answered = 0
+        """Answers read on this connection so far."""
+        self._heard = False
         self._parser = httptools.HttpResponseParser(self)
         self._status: int | None = None
 
@@ -48,6 +55,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -58,6 +66,8 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self._status is not None:  # an answer without length ends with the connection
             self._resolve(self._status)
+        elif self.answered and not self._heard:
+            self._fail(_Stale())  # the receiver had closed it while idle: not our request's fault
         else:
             self._fail(SendFailed("connection reset" if exc is None else describe_error(exc)))
 
@@ -71,12 +81,14 @@ class _Connection(asyncio.Protocol):
             self._status = None
             return
         self.keep_alive = self._parser.should_keep_alive()
+        self.answered += 1
         self._resolve(status)
 
     # the client's side
     def exchange(self, request: bytes) -> asyncio.Future[int]:
         assert self.transport is not None
         self._status = None
+        self._heard = False
         self.answer = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         return self.answer
@@ -149,6 +161,12 @@ class Http1Sender:
             request = self.head(prepared, headers) + (prepared.body or b"")
         except UnicodeEncodeError:
             raise SendFailed("a header is not Latin-1 text") from None
+        try:
+            return await self._exchange(request, timeout)
+        except _Stale:  # once more, on a new connection (as browsers and httpx do)
+            return await self._exchange(request, timeout)
+
+    async def _exchange(self, request: bytes, timeout: float) -> int:
         connection = await self._acquire(timeout)
         answer = connection.exchange(request)
         timer = asyncio.get_running_loop().call_later(timeout, _expire, answer)
