@@ -7,14 +7,16 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
-import httpx
 
+from receivers.event_loop import LOOP_NAMES, LoopUnavailable, loop_factory
 from relay.observe.progress import Bar
 from relay.simulator.clocks import ScaledClock
 from relay.simulator.platform import Attempt, CallbackResult, Platform
+from relay.simulator.processes import Reporter, Share, ShareResult, run_shares, split
 from relay.simulator.report import (
     attempts_json,
     failure_line,
@@ -22,9 +24,15 @@ from relay.simulator.report import (
     render,
     summarize,
 )
-from relay.simulator.run import RunOptions, plan, run_units
+from relay.simulator.run import Pacer, RunOptions, plan, run_units
 from relay.simulator.scenarios import SCENARIOS, Scenario
+from relay.simulator.senders import CLIENT_CHOICES, Sender, check_client, sender_for
 from relay.simulator.wire import Credentials, Endpoint
+
+MAX_CONCURRENCY = 10_000
+"""More connections than this to one receiver would run out of file descriptors first."""
+MAX_RATE = 1_000_000.0
+MAX_PROCESSES = 64
 
 
 class ScenarioGroup(click.Group):
@@ -62,7 +70,9 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 
 def parse_header(text: str) -> tuple[str, str]:
-    """``Name: value`` or ``Name=value``."""
+    """``Name: value`` or ``Name=value`` (no line break: it would end the header)."""
+    if "\r" in text or "\n" in text:
+        raise click.BadParameter("a header holds no line break", param_hint="--header")
     for separator in (":", "="):
         name, sep, value = text.partition(separator)
         if sep and name.strip():
@@ -86,11 +96,26 @@ def _scenario_command(scenario: Scenario) -> click.Command:
         type=click.IntRange(1),
         help="How many instances of the scenario.",
     )
-    @click.option("--concurrency", default=10, show_default=True, type=click.IntRange(1))
+    @click.option(
+        "--concurrency",
+        default=10,
+        show_default=True,
+        type=click.IntRange(1, MAX_CONCURRENCY),
+        help="Scenario instances in flight at once (one connection each).",
+    )
     @click.option(
         "--rate",
-        type=click.FloatRange(min=0, min_open=True),
-        help="At most this many callbacks started per second.",
+        type=click.FloatRange(min=0, max=MAX_RATE, min_open=True),
+        help="Start callbacks on a fixed schedule, this many per second (open loop: "
+        "whatever the answers' latency, given enough --concurrency).",
+    )
+    @click.option(
+        "--client",
+        type=click.Choice(CLIENT_CHOICES),
+        default="auto",
+        show_default=True,
+        help="auto: the lean HTTP/1.1 client for http://, httpx for https://; "
+        "httpx: every request through httpx.",
     )
     @click.option(
         "--time-scale",
@@ -137,9 +162,26 @@ def _scenario_command(scenario: Scenario) -> click.Command:
         is_flag=True,
         help="Print the summary and every attempt as JSON (failed attempts on stderr).",
     )
+    @click.option(
+        "--processes",
+        default=1,
+        show_default=True,
+        type=click.IntRange(1, MAX_PROCESSES),
+        help="Sender processes sharing the count, rate and connections (one per core).",
+    )
+    @click.option(
+        "--loop",
+        default="auto",
+        show_default=True,
+        envvar="RELAY_LOOP",
+        type=click.Choice(LOOP_NAMES),
+        help="Event loop: uvloop where it is installed (auto), asyncio's own, or uvloop "
+        "($RELAY_LOOP).",
+    )
     def command(**options: Any) -> None:
         """Print a line per failed attempt as it happens, then the summary; a progress bar
         on stderr when it is a terminal."""
+        options = {**options, "scenario": scenario.name}  # for the --processes shares
         try:
             endpoint = Endpoint.parse(options["url"], exact=options["exact_url"])
         except ValueError as exc:
@@ -153,8 +195,69 @@ def _scenario_command(scenario: Scenario) -> click.Command:
             shuffle=options["shuffle"],
             overrides=dict(parse_setting(s) for s in options["settings"]),
         )
-        results, elapsed = asyncio.run(_play(scenario, endpoint, credentials, run_options, options))
-        summary = summarize(results, elapsed)
+        try:
+            check_client(endpoint, options["client"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--client") from None
+        try:
+            new_loop = loop_factory(options["loop"])
+        except LoopUnavailable as exc:
+            raise click.BadParameter(str(exc), param_hint="--loop") from None
+        try:
+            pacer = Pacer(run_options.rate)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rate") from None
+        # with --json, stdout is the JSON document alone
+        err = options["as_json"]
+        with Bar(scenario.name) as bar:
+
+            def line(text: str) -> None:
+                bar.echo(text, err=err)
+
+            def total(callbacks: int) -> None:
+                bar.update(0, total=callbacks)
+
+            if options["processes"] > 1:
+                shares = split(
+                    run_options.count,
+                    run_options.rate,
+                    run_options.concurrency,
+                    options["seed"],
+                    options["processes"],
+                )
+                try:
+                    merged = run_shares(
+                        _run_share,
+                        shares,
+                        options,
+                        rate=run_options.rate,
+                        on_line=line,
+                        on_total=total,
+                        on_done=bar.advance,
+                    )
+                except RuntimeError as exc:
+                    raise click.ClickException(str(exc)) from None
+                results, elapsed, paced = merged.results, merged.elapsed, merged
+            else:
+                sender = sender_for(endpoint, run_options.concurrency, options["client"])
+                with asyncio.Runner(loop_factory=new_loop) as runner:
+                    results, started, ended = runner.run(
+                        _play(
+                            scenario,
+                            endpoint,
+                            credentials,
+                            run_options,
+                            options,
+                            sender,
+                            pacer,
+                            seed=options["seed"],
+                            line=line,
+                            total=total,
+                            advance=bar.advance,
+                        )
+                    )
+                elapsed, paced = ended - started, pacer
+        summary = summarize(results, elapsed, paced)
         if options["as_json"]:
             click.echo(
                 json.dumps(
@@ -180,12 +283,22 @@ async def _play(
     credentials: Credentials,
     run_options: RunOptions,
     options: dict[str, Any],
-) -> tuple[list[CallbackResult], float]:
-    rng = random.Random(options["seed"])
-    limits = httpx.Limits(max_connections=run_options.concurrency)
-    async with httpx.AsyncClient(limits=limits, follow_redirects=False) as client:
+    sender: Sender,
+    pacer: Pacer,
+    *,
+    seed: int | str | None,
+    line: Callable[[str], object],
+    total: Callable[[int], object],
+    advance: Callable[[], object],
+    ready: Callable[[], object] = lambda: None,
+) -> tuple[list[CallbackResult], float, float]:
+    """Build the payloads, tell their ``total``, wait until ``ready``, then send them: a
+    ``line`` per failed attempt, ``advance`` per callback done. The results, and when the
+    sending started and ended (``time.monotonic()``)."""
+    rng = random.Random(seed)
+    try:
         platform = Platform(
-            client,
+            sender,
             endpoint,
             clock=ScaledClock(options["time_scale"]),
             credentials=credentials,
@@ -195,23 +308,62 @@ async def _play(
             rng=rng,
         )
         units = plan(scenario, run_options, rng)
+        total(sum(map(len, units)))
+        ready()
         started = time.monotonic()
-        with Bar(scenario.name, sum(map(len, units))) as bar:
-            # with --json, stdout is the JSON document alone
-            err = options["as_json"]
 
-            def failed(attempt: Attempt) -> None:
-                bar.echo(failure_line(attempt), err=err)
+        def failed(attempt: Attempt) -> None:
+            line(failure_line(attempt))
 
-            def done(result: CallbackResult) -> None:
-                line = given_up_line(result)
-                if line is not None:
-                    bar.echo(line, err=err)
-                bar.advance()
+        def done(result: CallbackResult) -> None:
+            given_up = given_up_line(result)
+            if given_up is not None:
+                line(given_up)
+            advance()
 
-            platform.on_failure = failed
-            results = await run_units(platform, units, run_options, on_result=done)
-    return results, time.monotonic() - started
+        platform.on_failure = failed
+        results = await run_units(platform, units, run_options, on_result=done, pacer=pacer)
+    finally:
+        await sender.aclose()
+    return results, started, time.monotonic()
+
+
+def _run_share(
+    share: Share, options: dict[str, Any], reporter: Reporter, ready: Callable[[], None]
+) -> ShareResult:
+    """One share of a ``--processes`` run, in its own process (see
+    :mod:`relay.simulator.processes`); the options were checked by the parent."""
+    scenario = SCENARIOS[options["scenario"]]
+    endpoint = Endpoint.parse(options["url"], exact=options["exact_url"])
+    header = parse_header(options["header"]) if options["header"] else None
+    credentials = Credentials(options["secret"], options["signature_method"], header)
+    run_options = RunOptions(
+        count=share.count,
+        concurrency=share.concurrency,
+        rate=share.rate,
+        shuffle=options["shuffle"],
+        overrides=dict(parse_setting(s) for s in options["settings"]),
+    )
+    sender = sender_for(endpoint, share.concurrency, options["client"])
+    pacer = Pacer(share.rate)
+    with asyncio.Runner(loop_factory=loop_factory(options["loop"])) as runner:
+        results, started, ended = runner.run(
+            _play(
+                scenario,
+                endpoint,
+                credentials,
+                run_options,
+                options,
+                sender,
+                pacer,
+                seed=share.seed,
+                line=reporter.line,
+                total=reporter.total,
+                advance=reporter.advance,
+                ready=ready,
+            )
+        )
+    return ShareResult(results, started, ended, pacer.sent, pacer.first_at, pacer.last_at)
 
 
 for _scenario in SCENARIOS.values():

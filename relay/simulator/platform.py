@@ -15,9 +15,9 @@ import httpx
 from receivers.kinds import KINDS_BY_NAME
 from relay.delivery.breaker import DestinationHealth, after_failure, after_success, hold_until
 from relay.delivery.policies import BUILTIN_POLICIES, Policy
-from relay.destinations.errors import describe_error
 from relay.simulator.clocks import Clock
 from relay.simulator.scenarios import Callback
+from relay.simulator.senders import HttpxSender, NoAnswer, Sender, SendFailed
 from relay.simulator.wire import Credentials, Endpoint, Prepared, attempt_headers, prepare
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -66,7 +66,7 @@ class Platform:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: httpx.AsyncClient | Sender,
         endpoint: Endpoint,
         *,
         clock: Clock,
@@ -80,7 +80,12 @@ class Platform:
     ) -> None:
         if not 0 <= duplicate_rate <= 1:
             raise ValueError("duplicate_rate is a probability between 0 and 1")
-        self.client = client
+        self.sender: Sender = (
+            HttpxSender(client, endpoint.basic_auth)
+            if isinstance(client, httpx.AsyncClient)
+            else client
+        )
+        """Puts each attempt on the wire (an httpx client is wrapped in :class:`HttpxSender`)."""
         self.endpoint = endpoint
         self.clock = clock
         self.credentials = credentials or Credentials()
@@ -169,21 +174,13 @@ class Platform:
         started = time.perf_counter()
         status: int | None = None
         error: str | None = None
+        timeout = budget or DEFAULT_TIMEOUT_SECONDS
         try:
-            answer = await self.client.request(
-                prepared.method,
-                prepared.url,
-                params=prepared.query,
-                content=prepared.body,
-                headers=headers,
-                auth=self.endpoint.basic_auth,
-                timeout=budget or DEFAULT_TIMEOUT_SECONDS,
-            )
-            status = answer.status_code
-        except httpx.TimeoutException:
-            error = f"no answer within {budget or DEFAULT_TIMEOUT_SECONDS:g} s"
-        except httpx.HTTPError as exc:
-            error = describe_error(exc)
+            status = await self.sender.send(prepared, headers, timeout)
+        except NoAnswer:
+            error = f"no answer within {timeout:g} s"
+        except SendFailed as exc:
+            error = str(exc)
         latency = (time.perf_counter() - started) * 1000
         return Attempt(
             event=_event_id(callback),

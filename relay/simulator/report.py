@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from relay.simulator.platform import Attempt, CallbackResult
 
 NO_ANSWER = "no answer"
+
+
+class Paced(Protocol):
+    """A run's pacing figures (:class:`relay.simulator.run.Pacer`, or several merged)."""
+
+    @property
+    def rate(self) -> float | None: ...
+
+    @property
+    def achieved_rate(self) -> float | None: ...
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -22,8 +32,12 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[rank]
 
 
-def summarize(results: Sequence[CallbackResult], elapsed_seconds: float) -> dict[str, Any]:
-    """Events, attempts, answers by status code, latency p50/p99, given up."""
+def summarize(
+    results: Sequence[CallbackResult], elapsed_seconds: float, pacer: Paced | None = None
+) -> dict[str, Any]:
+    """Events, attempts, answers by status code, latency p50/p99 (the receiver's answer times),
+    given up; with the run's ``pacer``, the rate asked for and the rate achieved (callbacks
+    started per second, first to last)."""
     attempts = [a for r in results for a in r.attempts]
     answers = Counter(str(a.status_code) if a.status_code else NO_ANSWER for a in attempts)
     latencies = [a.latency_ms for a in attempts]
@@ -38,7 +52,13 @@ def summarize(results: Sequence[CallbackResult], elapsed_seconds: float) -> dict
         "latency_p99_ms": round(p99, 2) if p99 is not None else None,
         "given_up": sum(1 for r in results if r.given_up),
         "elapsed_s": round(elapsed_seconds, 3),
+        "rate_asked_per_s": pacer.rate if pacer is not None else None,
+        "rate_sent_per_s": _rounded(pacer.achieved_rate if pacer is not None else None),
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None
 
 
 def attempts_json(results: Sequence[CallbackResult]) -> list[dict[str, Any]]:
@@ -75,6 +95,10 @@ def render(summary: dict[str, Any]) -> str:
         f"given up    {summary['given_up']}",
         f"elapsed     {summary['elapsed_s']} s",
     ]
+    if summary.get("rate_sent_per_s") is not None:
+        asked = summary.get("rate_asked_per_s")
+        target = f" (asked {asked:g}/s)" if asked else ""
+        lines.append(f"rate        {summary['rate_sent_per_s']:g} callbacks/s sent{target}")
     return "\n".join(lines)
 
 
