@@ -13,13 +13,10 @@ b) `relay simulate sms-dlr --count N --concurrency C --no-retry --json` (the com
    ``--seconds``. Its speed is callbacks answered per second of its sending (the report's
    ``attempts / elapsed_s``: from the first send to the last answer, payloads built before).
 
-c) with ``--processes P`` (2; 1: none), the same `relay simulate` with ``--processes P``.
-
 ratio = simulate callbacks/s / wrk requests/s, each summed over its turns; the check wants at
-least ``--min-ratio`` (0.25) of the one-process side. Then the rate check: for each of
-``--rates`` (1000,5000), one `relay simulate --rate R` run of about ``--seconds``
-(``--rate-concurrency``, 100: an open loop needs rate x answer time callbacks in flight, with
-room for slow answers; ``--rate-processes``, 1); it prints the
+least ``--min-ratio`` (0.25). Then the rate check: for each of ``--rates`` (1000,5000), one
+`relay simulate --rate R` run of about ``--seconds`` (``--rate-concurrency``, 100: an open loop
+needs rate x answer time callbacks in flight, with room for slow answers); it prints the
 achieved rate (the report's ``rate_sent_per_s``) and its error, which must stay within
 ``--tolerance`` (5 %). p50/p99 are the receiver's answer times as `relay simulate` reports them;
 the sender's CPU per callback is the run's user + system time less that of a one-callback run
@@ -68,7 +65,7 @@ class Turn:
     p50_ms: float | None = None
     p99_ms: float | None = None
     cpu_us: float | None = None
-    """The sender's CPU per callback, its start-up left out (one-process relay simulate)."""
+    """The sender's CPU per callback, its start-up left out (relay simulate only)."""
 
 
 @dataclass
@@ -94,23 +91,15 @@ class Report:
     problems: list[str] = field(default_factory=list)
 
     @property
-    def sides(self) -> list[str]:
-        return list(dict.fromkeys(t.side for t in self.turns))
-
-    def ratio_of(self, side: str) -> float:
-        wrk = sum(t.per_s for t in self.turns if t.side == "wrk")
-        simulate = sum(t.per_s for t in self.turns if t.side == side)
-        return simulate / wrk if wrk else math.nan
-
-    @property
     def ratio(self) -> float:
-        return self.ratio_of("simulate")
+        wrk = sum(t.per_s for t in self.turns if t.side == "wrk")
+        simulate = sum(t.per_s for t in self.turns if t.side == "simulate")
+        return simulate / wrk if wrk else math.nan
 
     def as_json(self) -> dict[str, Any]:
         return {
             "turns": [asdict(t) for t in self.turns],
             "ratio": round(self.ratio, 3),
-            "ratios": {side: round(self.ratio_of(side), 3) for side in self.sides[1:]},
             "rates": [asdict(r) for r in self.rates],
             "concurrency": self.args.concurrency,
             "duration_s": round(self.seconds, 1),
@@ -123,7 +112,7 @@ class Report:
             f"simulator benchmark: no-op endpoint (uvicorn, 1 worker), {self.args.rounds} turns "
             f"each, concurrency {self.args.concurrency}; {self.seconds:.0f} s in all"
         ]
-        for side in self.sides:
+        for side in ("wrk", "simulate"):
             turns = [t for t in self.turns if t.side == side]
             rates = ", ".join(f"{t.per_s:,.0f}" for t in turns)
             mean = sum(t.per_s for t in turns) / len(turns) if turns else math.nan
@@ -134,12 +123,10 @@ class Report:
                     f"; answers p50 {last.p50_ms} ms, p99 {last.p99_ms} ms; "
                     f"sender CPU {last.cpu_us:.0f} us/callback"
                 )
-            lines.append(f"{side:<11} {mean:>9,.0f}/s  (turns: {rates}){answers}")
+            lines.append(f"{side:<9} {mean:>9,.0f}/s  (turns: {rates}){answers}")
         lines.append(
-            f"ratio       simulate / wrk = {self.ratio:.3f} (wanted >= {self.args.min_ratio})"
+            f"ratio     simulate / wrk = {self.ratio:.3f} (wanted >= {self.args.min_ratio})"
         )
-        for side in self.sides[2:]:
-            lines.append(f"ratio       {side} / wrk = {self.ratio_of(side):.3f}")
         for run in self.rates:
             lines.append(
                 f"--rate {run.asked_per_s:g}: sent {run.sent_per_s:,.1f}/s ({run.error_pct:+.2f} %)"
@@ -197,22 +184,20 @@ def per_callback_us(report: dict[str, Any], startup_cpu_s: float) -> float:
 
 
 def simulate_turn(
-    args: argparse.Namespace, port: int, count: int, seed: int, startup_cpu_s: float = 0.0,
-    processes: int = 1,
-) -> Turn:  # fmt: skip
-    extra = ("--processes", str(processes)) if processes > 1 else ()
-    report = simulate(args, port, count, seed, args.concurrency, *extra)
+    args: argparse.Namespace, port: int, count: int, seed: int, startup_cpu_s: float = 0.0
+) -> Turn:
+    report = simulate(args, port, count, seed, args.concurrency)
     summary = report["summary"]
     if summary["answers"] != {"200": summary["attempts"]}:
         raise BenchError(f"the no-op endpoint did not answer 200 to all: {summary['answers']}")
     return Turn(
-        "simulate" if processes == 1 else f"simulate x{processes}",
+        "simulate",
         summary["attempts"],
         summary["elapsed_s"],
         summary["attempts"] / summary["elapsed_s"],
         summary["latency_p50_ms"],
         summary["latency_p99_ms"],
-        per_callback_us(report, startup_cpu_s) if processes == 1 else None,
+        per_callback_us(report, startup_cpu_s),
     )
 
 
@@ -220,7 +205,7 @@ def rate_run(
     args: argparse.Namespace, port: int, rate: float, seed: int, startup_cpu_s: float
 ) -> RateRun:
     count = max(10, round(rate * args.seconds / CALLBACKS_PER_INSTANCE))
-    extra = ("--rate", f"{rate:g}", "--processes", str(args.rate_processes))
+    extra = ("--rate", f"{rate:g}")
     report = simulate(args, port, count, seed, args.rate_concurrency, *extra)
     summary = report["summary"]
     sent = summary["rate_sent_per_s"] or 0.0
@@ -254,9 +239,6 @@ def run_bench(args: argparse.Namespace) -> Report:
             ours = simulate_turn(args, port, count, round_ + 1, startup)
             log(f"turn {round_ + 1}: wrk {baseline.per_s:,.0f}/s, simulate {ours.per_s:,.0f}/s")
             turns += [baseline, ours]
-            if args.processes > 1:
-                turns.append(simulate_turn(args, port, count, round_ + 1, 0.0, args.processes))
-                log(f"turn {round_ + 1}: {turns[-1].side} {turns[-1].per_s:,.0f}/s")
         for i, rate in enumerate(args.rates):
             rates.append(rate_run(args, port, rate, 100 + i, startup))
             log(f"--rate {rate:g}: {rates[-1].sent_per_s:,.1f}/s")
@@ -280,13 +262,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--rates", default="1000,5000", help="--rate values to check, comma-separated")
     add("--rate-concurrency", type=at_least(1), default=100,
         help="--concurrency of the rate runs (an open loop needs rate x latency)")  # fmt: skip
-    add(
-        "--processes",
-        type=at_least(1),
-        default=2,
-        help="also a turn of relay simulate --processes P (1: none)",
-    )
-    add("--rate-processes", type=at_least(1), default=1, help="--processes of the rate runs")
     add("--tolerance", type=float, default=5.0, help="rate error allowed, per cent")
     add("--min-ratio", type=float, default=0.25, help="simulate / wrk wanted at least")
     add("--wrk", default="wrk", help="the wrk command")

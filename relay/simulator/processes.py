@@ -1,10 +1,9 @@
 """One `relay simulate` run over several sender processes (``--processes N``).
 
 What it buys: one Python process builds and sends ~8,500 callbacks/s on a core of its own
-(~110 us of CPU per callback); N processes can use N cores, for a sender with cores to spare
-(a receiver on another machine). Where the receiver shares a 2-core machine it does not pay:
-``scripts/bench_simulator.py`` measured 6,137 callbacks/s with two processes against 7,514 with
-one (docs/simulator.md, "Load testing").
+(~110 us of CPU per callback); N processes use N cores. On the 2-core machine of
+docs/simulator.md ("Load testing"), busy with other jobs, two processes sent 4,170 and 5,652
+callbacks/s where one sent 2,223 and 2,794 (same endpoint, same minute).
 
 How: the run is split into N shares (:func:`split`): counts that differ by at most one and add
 up to ``--count``, the rate shared in proportion, the connections divided (rounded up), and each
