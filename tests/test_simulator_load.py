@@ -26,7 +26,6 @@ from relay.simulator.cli import simulate
 from relay.simulator.clocks import VirtualClock
 from relay.simulator.http1 import Http1Sender
 from relay.simulator.platform import Platform
-from relay.simulator.processes import Merged, Reporter, Share, ShareResult, run_shares, split
 from relay.simulator.report import render, summarize
 from relay.simulator.run import Pacer, RunOptions, plan, run_units
 from relay.simulator.scenarios import SCENARIOS
@@ -506,84 +505,3 @@ def test_the_progress_line_is_drawn_on_a_terminal_and_not_in_a_pipe(receiver: Re
     assert piped.stderr == b""  # no bar, no control character in a pipe
     assert on_tty.stdout.decode().startswith("events      3")
     assert b"\r" not in on_tty.stdout and b"\x1b" not in on_tty.stdout
-
-
-# --- several sender processes ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("count", "processes"), [(10, 3), (2, 5), (1, 1), (7, 7), (100_001, 4)])
-def test_the_shares_add_up_to_the_run(count: int, processes: int) -> None:
-    shares = split(count, 1000.0, 10, 42, processes)
-
-    assert len(shares) == min(count, processes)
-    assert sum(s.count for s in shares) == count
-    assert max(s.count for s in shares) - min(s.count for s in shares) <= 1
-    assert sum(s.rate or 0 for s in shares) == pytest.approx(1000.0)
-    assert all(s.concurrency == math.ceil(10 / len(shares)) for s in shares)
-    assert len({s.seed for s in shares}) == len(shares)  # each its own payloads
-    assert [s.index for s in shares] == list(range(len(shares)))
-
-
-def test_shares_without_a_rate_or_a_seed_stay_without() -> None:
-    shares = split(4, None, 1, None, 2)
-    assert [(s.rate, s.seed, s.concurrency) for s in shares] == [(None, None, 1)] * 2
-
-
-@pytest.mark.parametrize("zero", ["count", "concurrency", "processes"])
-def test_a_run_of_nothing_is_not_split(zero: str) -> None:
-    values = {"count": 5, "concurrency": 2, "processes": 2, zero: 0}
-    with pytest.raises(ValueError, match="at least 1"):
-        split(values["count"], None, values["concurrency"], None, values["processes"])
-
-
-def test_the_merged_figures_span_every_share() -> None:
-    merged = Merged(100.0, [ShareResult([], 10.0, 14.0, 51, 10.5, 13.0),
-                            ShareResult([], 10.2, 15.0, 50, 10.0, 12.5)])  # fmt: skip
-    assert merged.elapsed == 5.0
-    assert merged.achieved_rate == pytest.approx(100 / 3.0)
-    assert Merged(None, [ShareResult([], 1.0, 2.0, 1, 1.5, 1.5)]).achieved_rate is None
-
-
-def _failing_share(share: Share, options: dict, reporter: Reporter, ready: Any) -> ShareResult:
-    raise ValueError(f"share {share.index} broke")
-
-
-def test_a_share_that_fails_fails_the_run_with_its_error() -> None:
-    lines: list[str] = []
-    with pytest.raises(RuntimeError, match="share 0 broke"):
-        run_shares(
-            _failing_share,
-            split(2, None, 1, None, 1),
-            {},
-            rate=None,
-            on_line=lines.append,
-            on_total=lambda n: None,
-            on_done=lambda n: None,
-        )
-
-
-@pytest.mark.slow
-def test_several_processes_send_exactly_count_distinct_callbacks(receiver: Recording) -> None:
-    receiver.statuses.clear()
-    argv = ["sms-dlr", "--url", receiver.url, "--count", "25", "--processes", "3",
-            "--concurrency", "4", "--seed", "8", "--rate", "2000", "--json"]  # fmt: skip
-
-    ran = run(*argv)
-    first = {json.loads(body)["requestId"] for body in receiver.bodies}
-    receiver.bodies.clear()
-    again = run(*argv)
-
-    assert ran.exit_code == 0, ran.output
-    summary = json.loads(ran.stdout)["summary"]
-    assert len(first) == 25  # exactly --count SMS, each its own
-    assert summary["attempts"] == len(json.loads(ran.stdout)["attempts"]) >= 50
-    assert summary["rate_asked_per_s"] == 2000 and summary["rate_sent_per_s"] > 0
-    assert {json.loads(body)["requestId"] for body in receiver.bodies} == first  # --seed
-    assert again.exit_code == 0
-
-
-@pytest.mark.parametrize("value", ["0", "-1", "abc", "", "65", "99999999999", "2.5"])
-def test_hostile_values_of_processes_are_usage_errors(value: str) -> None:
-    url = f"http://127.0.0.1:{free_port()}/hooks"
-    ran = CliRunner().invoke(simulate, ["numinfo-gnp", "--url", url, "--processes", value])
-    assert ran.exit_code == 2 and "Invalid value" in ran.output and "--processes" in ran.output

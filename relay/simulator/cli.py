@@ -7,7 +7,6 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -16,7 +15,6 @@ from receivers.event_loop import LOOP_NAMES, LoopUnavailable, loop_factory
 from relay.observe.progress import Bar
 from relay.simulator.clocks import ScaledClock
 from relay.simulator.platform import Attempt, CallbackResult, Platform
-from relay.simulator.processes import Reporter, Share, ShareResult, run_shares, split
 from relay.simulator.report import (
     attempts_json,
     failure_line,
@@ -26,13 +24,12 @@ from relay.simulator.report import (
 )
 from relay.simulator.run import Pacer, RunOptions, plan, run_units
 from relay.simulator.scenarios import SCENARIOS, Scenario
-from relay.simulator.senders import CLIENT_CHOICES, Sender, check_client, sender_for
+from relay.simulator.senders import CLIENT_CHOICES, Sender, sender_for
 from relay.simulator.wire import Credentials, Endpoint
 
 MAX_CONCURRENCY = 10_000
 """More connections than this to one receiver would run out of file descriptors first."""
 MAX_RATE = 1_000_000.0
-MAX_PROCESSES = 64
 
 
 class ScenarioGroup(click.Group):
@@ -163,13 +160,6 @@ def _scenario_command(scenario: Scenario) -> click.Command:
         help="Print the summary and every attempt as JSON (failed attempts on stderr).",
     )
     @click.option(
-        "--processes",
-        default=1,
-        show_default=True,
-        type=click.IntRange(1, MAX_PROCESSES),
-        help="Sender processes sharing the count, rate and connections (one per core).",
-    )
-    @click.option(
         "--loop",
         default="auto",
         show_default=True,
@@ -181,7 +171,6 @@ def _scenario_command(scenario: Scenario) -> click.Command:
     def command(**options: Any) -> None:
         """Print a line per failed attempt as it happens, then the summary; a progress bar
         on stderr when it is a terminal."""
-        options = {**options, "scenario": scenario.name}  # for the --processes shares
         try:
             endpoint = Endpoint.parse(options["url"], exact=options["exact_url"])
         except ValueError as exc:
@@ -196,7 +185,7 @@ def _scenario_command(scenario: Scenario) -> click.Command:
             overrides=dict(parse_setting(s) for s in options["settings"]),
         )
         try:
-            check_client(endpoint, options["client"])
+            sender = sender_for(endpoint, run_options.concurrency, options["client"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--client") from None
         try:
@@ -207,57 +196,11 @@ def _scenario_command(scenario: Scenario) -> click.Command:
             pacer = Pacer(run_options.rate)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--rate") from None
-        # with --json, stdout is the JSON document alone
-        err = options["as_json"]
-        with Bar(scenario.name) as bar:
-
-            def line(text: str) -> None:
-                bar.echo(text, err=err)
-
-            def total(callbacks: int) -> None:
-                bar.update(0, total=callbacks)
-
-            if options["processes"] > 1:
-                shares = split(
-                    run_options.count,
-                    run_options.rate,
-                    run_options.concurrency,
-                    options["seed"],
-                    options["processes"],
-                )
-                try:
-                    merged = run_shares(
-                        _run_share,
-                        shares,
-                        options,
-                        rate=run_options.rate,
-                        on_line=line,
-                        on_total=total,
-                        on_done=bar.advance,
-                    )
-                except RuntimeError as exc:
-                    raise click.ClickException(str(exc)) from None
-                results, elapsed, paced = merged.results, merged.elapsed, merged
-            else:
-                sender = sender_for(endpoint, run_options.concurrency, options["client"])
-                with asyncio.Runner(loop_factory=new_loop) as runner:
-                    results, started, ended = runner.run(
-                        _play(
-                            scenario,
-                            endpoint,
-                            credentials,
-                            run_options,
-                            options,
-                            sender,
-                            pacer,
-                            seed=options["seed"],
-                            line=line,
-                            total=total,
-                            advance=bar.advance,
-                        )
-                    )
-                elapsed, paced = ended - started, pacer
-        summary = summarize(results, elapsed, paced)
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            results, elapsed = runner.run(
+                _play(scenario, endpoint, credentials, run_options, options, sender, pacer)
+            )
+        summary = summarize(results, elapsed, pacer)
         if options["as_json"]:
             click.echo(
                 json.dumps(
@@ -285,17 +228,8 @@ async def _play(
     options: dict[str, Any],
     sender: Sender,
     pacer: Pacer,
-    *,
-    seed: int | str | None,
-    line: Callable[[str], object],
-    total: Callable[[int], object],
-    advance: Callable[[], object],
-    ready: Callable[[], object] = lambda: None,
-) -> tuple[list[CallbackResult], float, float]:
-    """Build the payloads, tell their ``total``, wait until ``ready``, then send them: a
-    ``line`` per failed attempt, ``advance`` per callback done. The results, and when the
-    sending started and ended (``time.monotonic()``)."""
-    rng = random.Random(seed)
+) -> tuple[list[CallbackResult], float]:
+    rng = random.Random(options["seed"])
     try:
         platform = Platform(
             sender,
@@ -308,62 +242,25 @@ async def _play(
             rng=rng,
         )
         units = plan(scenario, run_options, rng)
-        total(sum(map(len, units)))
-        ready()
         started = time.monotonic()
+        with Bar(scenario.name, sum(map(len, units))) as bar:
+            # with --json, stdout is the JSON document alone
+            err = options["as_json"]
 
-        def failed(attempt: Attempt) -> None:
-            line(failure_line(attempt))
+            def failed(attempt: Attempt) -> None:
+                bar.echo(failure_line(attempt), err=err)
 
-        def done(result: CallbackResult) -> None:
-            given_up = given_up_line(result)
-            if given_up is not None:
-                line(given_up)
-            advance()
+            def done(result: CallbackResult) -> None:
+                line = given_up_line(result)
+                if line is not None:
+                    bar.echo(line, err=err)
+                bar.advance()
 
-        platform.on_failure = failed
-        results = await run_units(platform, units, run_options, on_result=done, pacer=pacer)
+            platform.on_failure = failed
+            results = await run_units(platform, units, run_options, on_result=done, pacer=pacer)
     finally:
         await sender.aclose()
-    return results, started, time.monotonic()
-
-
-def _run_share(
-    share: Share, options: dict[str, Any], reporter: Reporter, ready: Callable[[], None]
-) -> ShareResult:
-    """One share of a ``--processes`` run, in its own process (see
-    :mod:`relay.simulator.processes`); the options were checked by the parent."""
-    scenario = SCENARIOS[options["scenario"]]
-    endpoint = Endpoint.parse(options["url"], exact=options["exact_url"])
-    header = parse_header(options["header"]) if options["header"] else None
-    credentials = Credentials(options["secret"], options["signature_method"], header)
-    run_options = RunOptions(
-        count=share.count,
-        concurrency=share.concurrency,
-        rate=share.rate,
-        shuffle=options["shuffle"],
-        overrides=dict(parse_setting(s) for s in options["settings"]),
-    )
-    sender = sender_for(endpoint, share.concurrency, options["client"])
-    pacer = Pacer(share.rate)
-    with asyncio.Runner(loop_factory=loop_factory(options["loop"])) as runner:
-        results, started, ended = runner.run(
-            _play(
-                scenario,
-                endpoint,
-                credentials,
-                run_options,
-                options,
-                sender,
-                pacer,
-                seed=share.seed,
-                line=reporter.line,
-                total=reporter.total,
-                advance=reporter.advance,
-                ready=ready,
-            )
-        )
-    return ShareResult(results, started, ended, pacer.sent, pacer.first_at, pacer.last_at)
+    return results, time.monotonic() - started
 
 
 for _scenario in SCENARIOS.values():

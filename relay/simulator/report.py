@@ -4,23 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
 from relay.simulator.platform import Attempt, CallbackResult
+from relay.simulator.run import Pacer
 
 NO_ANSWER = "no answer"
-
-
-class Paced(Protocol):
-    """A run's pacing figures (:class:`relay.simulator.run.Pacer`, or several merged)."""
-
-    @property
-    def rate(self) -> float | None: ...
-
-    @property
-    def achieved_rate(self) -> float | None: ...
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -33,7 +24,7 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
 
 
 def summarize(
-    results: Sequence[CallbackResult], elapsed_seconds: float, pacer: Paced | None = None
+    results: Sequence[CallbackResult], elapsed_seconds: float, pacer: Pacer | None = None
 ) -> dict[str, Any]:
     """Events, attempts, answers by status code, latency p50/p99 (the receiver's answer times),
     given up; with the run's ``pacer``, the rate asked for and the rate achieved (callbacks

@@ -65,22 +65,18 @@ class HttpxSender:
         await self.client.aclose()
 
 
-def check_client(endpoint: Endpoint, client: ClientChoice) -> None:
-    """ValueError when ``client`` is unknown, or ``lean`` for an ``https://`` endpoint."""
-    if client not in CLIENT_CHOICES:
-        raise ValueError(f"unknown client {client!r}: one of {', '.join(CLIENT_CHOICES)}")
-    if client == "lean" and not endpoint.base.startswith("http://"):
-        raise ValueError("the lean client speaks plain http:// only; use --client httpx or auto")
-
-
 def sender_for(endpoint: Endpoint, connections: int, client: ClientChoice = "auto") -> Sender:
     """The sender for ``endpoint``: the lean HTTP/1.1 client for ``http://`` URLs (``auto``,
     ``lean``), httpx for ``https://`` or when asked (``httpx``). ``lean`` on an ``https://``
     URL is refused (ValueError) rather than sent in clear text."""
-    check_client(endpoint, client)
+    if client not in CLIENT_CHOICES:
+        raise ValueError(f"unknown client {client!r}: one of {', '.join(CLIENT_CHOICES)}")
     if connections < 1:
         raise ValueError("at least one connection")
-    if client != "httpx" and endpoint.base.startswith("http://"):
+    plain = endpoint.base.startswith("http://")
+    if client == "lean" and not plain:
+        raise ValueError("the lean client speaks plain http:// only; use --client httpx or auto")
+    if client != "httpx" and plain:
         from relay.simulator.http1 import Http1Sender
 
         return Http1Sender(endpoint, connections)
