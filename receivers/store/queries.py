@@ -8,6 +8,7 @@ index however large the table is.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Row, func, select
@@ -23,19 +24,22 @@ REJECTED = RejectedBody.__table__
 async def list_events(
     engine: AsyncEngine,
     *,
-    kind: str | None = None,
+    kind: str | Collection[str] | None = None,
     source: str | None = None,
     limit: int = 50,
     with_payload: bool = True,
 ) -> list[Row[Any]]:
-    """The newest events first, optionally of one kind and/or source: every column but the raw
-    body (and but the payload unless ``with_payload``)."""
+    """The newest events first, optionally of one kind (or of any of a collection of kinds)
+    and/or source: every column but the raw body (and but the payload unless
+    ``with_payload``)."""
     columns = [
         c for c in EVENTS.c if c.name != "raw_body" and (with_payload or c.name != "payload")
     ]
     query = select(*columns).order_by(EVENTS.c.received_at.desc(), EVENTS.c.id.desc())
-    if kind is not None:
+    if isinstance(kind, str):
         query = query.where(EVENTS.c.kind == kind)
+    elif kind is not None:
+        query = query.where(EVENTS.c.kind.in_(sorted(kind)))
     if source is not None:
         query = query.where(EVENTS.c.source == source)
     async with engine.connect() as conn:
@@ -65,3 +69,9 @@ async def list_rejected(
     )
     async with engine.connect() as conn:
         return list(await conn.execute(query))
+
+
+async def get_rejected(engine: AsyncEngine, rejected_id: str) -> Row[Any] | None:
+    """One quarantined body by id, with its raw body."""
+    async with engine.connect() as conn:
+        return (await conn.execute(select(REJECTED).where(REJECTED.c.id == rejected_id))).first()
