@@ -133,6 +133,9 @@ def test_deliveries_and_destinations_commands(tmp_path: Path) -> None:
     assert "replayed 1 delivery" in relay("deliveries", "replay", "--status", "dead", *c)
     [replayed] = json.loads(relay("deliveries", "list", "--destination", "flaky", "--json", *c))
     assert replayed["status"] == "pending" and replayed["next_attempt_at"] is not None
+    [due] = table(relay("deliveries", "list", "--destination", "flaky", *c), first="ID")
+    assert due["STATUS"] == "pending" and due["ATTEMPTS"] == "1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", due["NEXT ATTEMPT (UTC)"])
     assert "1 held delivery released" in relay("destinations", "enable", "gone", *c)
     [released] = json.loads(relay("deliveries", "list", "--destination", "gone", "--json", *c))
     assert released["status"] == "pending"
