@@ -51,11 +51,13 @@ def sources_list(as_json: bool, config_file: str | None) -> None:
         ([row["name"], row["prefix"], "; ".join(row["checks"])] for row in rows),
     )
     if served.generated is not None and served.generated.use is TokenUse.RETIRED:
+        click.echo()
         click.echo(
             "The default source's generated token is kept in the database but retired "
             "([sources.default] is configured): `relay sources forget-default` deletes it."
         )
     elif served.generated is not None and served.generated.use is TokenUse.BESIDE_CONFIGURED:
+        click.echo()
         click.echo(
             "The default source is served with its generated token because [sources.default] is "
             "not configured: configure it, or run `relay sources forget-default` to retire it."
