@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.kinds import KINDS_BY_NAME
+from receivers.store import queries
 from receivers.store.engine import create_engine
 from relay.cli import main
 from relay.commands.escape import KEPT, escaped
@@ -294,3 +295,23 @@ async def test_events_show_escapes_what_the_caller_sent(tmp_path: Path) -> None:
     assert shown.exit_code == 0, shown.output
     assert "\u202e" not in shown.output and "\u009b" not in shown.output
     assert "hi \\u202eexe.txt \\x9b2J" in shown.output
+
+
+async def test_events_of_several_kinds_are_the_newest_of_them_all_in_order(
+    engine: AsyncEngine,
+) -> None:
+    """Each kind is read from its own index, then merged: the newest ``limit`` of them all."""
+    posts = [
+        ("/hooks/sms/inbound", json.dumps(factories.sms_inbound()).encode()),
+        ("/hooks/sms/dlr", json.dumps(factories.sms_dlr()).encode()),
+        ("/hooks/tts/events", json.dumps(factories.tts_event()).encode()),
+        ("/hooks/sms/dlr", json.dumps(factories.sms_dlr()).encode()),
+        ("/hooks/sms/inbound", json.dumps(factories.sms_inbound()).encode()),
+    ]
+    ids = await post(engine, posts)
+    newest_sms = [ids[4], ids[3], ids[1], ids[0]]
+    listed = await queries.list_events(engine, kind=["sms.inbound", "sms.dlr"], limit=3)
+    assert [row.id for row in listed] == newest_sms[:3]
+    listed = await queries.list_events(engine, kind=["sms.dlr", "sms.inbound", "sms.dlr"])
+    assert [row.id for row in listed] == newest_sms
+    assert await queries.list_events(engine, kind=[]) == []
