@@ -315,3 +315,27 @@ async def test_events_of_several_kinds_are_the_newest_of_them_all_in_order(
     listed = await queries.list_events(engine, kind=["sms.dlr", "sms.inbound", "sms.dlr"])
     assert [row.id for row in listed] == newest_sms
     assert await queries.list_events(engine, kind=[]) == []
+
+
+@pytest.mark.parametrize(("command", "what"), [("events", "event"), ("deliveries", "delivery")])
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("01a1fdfa-4600-7389-ac37-7e5856d36cd\x00", "01a1fdfa-4600-7389-ac37-7e5856d36cd\\x00"),
+        ("\x1b[2J", "\\x1b[2J"),
+        ("9" * 100_000, "9" * 60 + "..."),
+        ("", ""),
+    ],
+)
+async def test_show_of_a_hostile_id_is_a_clear_error(
+    tmp_path: Path,
+    engine: AsyncEngine,
+    database_url: str,
+    command: str,
+    what: str,
+    given: str,
+    said: str,
+) -> None:
+    config = write_config(tmp_path, database_url)
+    result = await asyncio.to_thread(cli, command, "show", given, "--config", config)
+    assert result.exit_code == 1 and result.output == f"Error: no {what} {said}\n"

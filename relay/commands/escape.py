@@ -6,6 +6,8 @@ from __future__ import annotations
 
 KEPT = "\n\t"
 """The characters shown as they are though not printable: a body's lines and tabs."""
+SHOWN_VALUE = 60
+"""How much of a value the user gave an error message repeats."""
 
 
 def escaped(value: bytes | str, *, keep: str = "") -> str:
@@ -22,6 +24,13 @@ def escaped(value: bytes | str, *, keep: str = "") -> str:
     if plain.isprintable():
         return text
     return "".join(char if char.isprintable() or char in keep else _escape(char) for char in text)
+
+
+def shown(value: str) -> str:
+    """A value the user gave (an id, a glob), as an error message repeats it: escaped, cut
+    after :data:`SHOWN_VALUE` characters."""
+    cut = value if len(value) <= SHOWN_VALUE else value[:SHOWN_VALUE] + "..."
+    return escaped(cut)
 
 
 def _escape(char: str) -> str:

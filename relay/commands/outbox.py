@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.ids import ID_FORMAT
 from relay import outbox
 from relay.commands.common import (
     config_option,
@@ -17,6 +19,7 @@ from relay.commands.common import (
     run,
     with_engine,
 )
+from relay.commands.escape import shown
 from relay.commands.tables import echo_fields, echo_table, moment
 from relay.dispatch.jobs import open_pool
 from relay.observe.progress import Bar
@@ -85,9 +88,16 @@ def last_outcome(status_code: int | None, error: str | None) -> str | None:
 def deliveries_show(delivery_id: str, as_json: bool, config_file: str | None) -> None:
     """Show one delivery with its attempts (the first 3 and the last 20 are kept)."""
     settings = load_settings_or_exit(config_file)
-    document = run(with_engine(settings, lambda e: inspect.get_delivery(e, delivery_id)))
+    wanted = delivery_id.lower()
+
+    async def lookup(engine: AsyncEngine) -> dict[str, Any] | None:
+        if not ID_FORMAT.fullmatch(wanted):  # unknown, unasked: PostgreSQL refuses a NUL
+            return None
+        return await inspect.get_delivery(engine, wanted)
+
+    document = run(with_engine(settings, lookup))
     if document is None:
-        raise click.ClickException(f"no delivery {delivery_id}")
+        raise click.ClickException(f"no delivery {shown(delivery_id)}")
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return

@@ -14,12 +14,9 @@ from receivers.ids import ID_FORMAT
 from receivers.kinds import KINDS_BY_NAME, kinds_matching
 from receivers.store import ReceivedEvent, RejectedBody, queries
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
-from relay.commands.escape import KEPT, escaped
+from relay.commands.escape import KEPT, escaped, shown
 from relay.commands.tables import echo_fields, echo_table
 from relay.words import counted
-
-SHOWN_VALUE = 60
-"""How much of a value the user gave an error message repeats."""
 
 
 @click.group()
@@ -45,12 +42,6 @@ def kind_globs(
             )
         kinds.extend(matched)
     return list(dict.fromkeys(kinds))
-
-
-def shown(value: str) -> str:
-    """A value the user gave, as an error message repeats it: escaped, cut if long."""
-    cut = value if len(value) <= SHOWN_VALUE else value[:SHOWN_VALUE] + "..."
-    return escaped(cut)
 
 
 @events.command("list")
@@ -102,7 +93,14 @@ def events_list(
 def events_show(event_id: str, as_json: bool, config_file: str | None) -> None:
     """Show one event with its payload and raw body."""
     settings = load_settings_or_exit(config_file)
-    row = run(with_engine(settings, lambda e: queries.get_event(e, event_id)))
+    wanted = event_id.lower()
+
+    async def lookup(engine: AsyncEngine) -> ReceivedEvent | None:
+        if not ID_FORMAT.fullmatch(wanted):  # unknown, unasked: PostgreSQL refuses a NUL
+            return None
+        return await queries.get_event(engine, wanted)
+
+    row = run(with_engine(settings, lookup))
     if row is None:
         raise click.ClickException(f"no event {shown(event_id)}")
     document = event_json(row, with_raw=True)
