@@ -100,11 +100,11 @@ class HookEndpoint:
         except ClientDisconnect:
             # the caller left before its body was in: nothing to answer, and nothing went wrong
             self._disconnects.inc()
-            log.info("caller disconnected before the end of its body on %s", scope["path"])
+            log.debug("caller disconnected before the end of its body on %s", scope["path"])
             return _answer_of(CALLER_GONE.response())
         except AuthFailure as failure:
             self.counters.auth_failures.labels(source=self.source_name, reason=failure.reason).inc()
-            log.info("refused callback on %s: %s", URL(scope=scope).path, failure.reason)
+            log.debug("refused callback on %s: %s", URL(scope=scope).path, failure.reason)
             return _answer_of(failure.response())
         except StoreUnavailable as refused:
             self._store_unavailable.inc()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from pydantic import BaseModel
@@ -156,6 +157,13 @@ KINDS_BY_NAME: Mapping[str, Kind] = {kind.name: kind for kind in KINDS if not ki
 RESERVED_SOURCE_NAMES = frozenset(
     path.strip("/").split("/")[0] for kind in KINDS for path in kind.paths
 )
+
+
+def kinds_matching(pattern: str) -> list[str]:
+    """The names of the kinds a glob matches, in table order (``"sms.*"``: ``sms.inbound``,
+    ``sms.dlr``); letter case counts. Destinations' ``kinds`` and `relay events list --kind`
+    read their globs so."""
+    return [name for name in KINDS_BY_NAME if fnmatchcase(name, pattern)]
 
 
 def kinds_by_path() -> dict[str, list[Kind]]:

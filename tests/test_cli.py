@@ -25,6 +25,7 @@ from relay.server.bootstrap import generated_token
 from relay.settings import NAME_LENGTH, SettingsError, config_path, load_settings
 from relay.simulator import factories
 from relay.store import migrate
+from tests.cli_support import table as cli_table
 from tests.conftest import PG_ADMIN_DSN, TOKEN, running_client, service_missing
 from tests.store_support import child_environment
 from tests.support import free_port
@@ -85,11 +86,20 @@ def test_events_list_show_and_rejected_list(tmp_path: Path) -> None:
     assert shown["payload"]["requestId"] == inbound["requestId"]
     assert json.loads(shown["raw_body"]) == inbound
     assert inbound["requestId"] in relay("events", "show", ids[0], "--config", config)
-    assert ids[1] in relay("events", "list", "--config", config)
+    rows = cli_table(relay("events", "list", "--config", config), first="ID")
+    assert {row["ID"]: row["KIND"] for row in rows} == {
+        ids[0]: "sms.inbound",  # the third post was a duplicate of the first
+        ids[1]: "sms.dlr",
+    }
+    assert {row["ID"]: row["DUPLICATES"] for row in rows} == {ids[0]: "1", ids[1]: "0"}
+    assert {row["SOURCE"] for row in rows} == {"default"}
 
     [rejected] = json.loads(relay("rejected", "list", "--json", "--config", config))
     assert rejected["status"] == 400 and rejected["raw_body"] == "{broken"
-    assert "/hooks/numinfo/gnp" in relay("rejected", "list", "--config", config)
+    [shown_rejected] = cli_table(relay("rejected", "list", "--config", config), first="ID")
+    assert shown_rejected["ID"] == rejected["id"] and shown_rejected["STATUS"] == "400"
+    assert shown_rejected["PATH"] == "/hooks/numinfo/gnp" and shown_rejected["COUNT"] == "1"
+    assert shown_rejected["REASON"] == rejected["reason"]
 
 
 def test_a_payload_with_a_lone_surrogate_prints_as_its_escape(tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ async def test_every_way_a_session_ends_ends_it_on_every_replica(
             result = await relay(
                 "console", "logout-all", "--config", config_file(tmp_path, database_url)
             )
-            assert result.output == "ended 1 console sessions\n"
+            assert result.output == "ended 1 console session\n"
         elif ending == "password changed":
             await start_replica(
                 other_engine, clock, {USER: "alice's new password", BOB: BOBS_PASSWORD}
@@ -377,7 +377,7 @@ async def test_logout_all_ends_the_sessions_on_every_replica_and_says_how_many(
         assert await page_status(alice, bobs) == 200
 
         result = await relay("console", "logout-all", "--config", config)
-        assert result.output == "ended 1 console sessions\n"
+        assert result.output == "ended 1 console session\n"
         assert await page_status(other, bobs) == 303
         result = await relay(
             "console", "logout-all", "--user", BOB, "--user", USER, "--config", config

@@ -29,6 +29,7 @@ from relay.server.runtime import start
 from relay.settings import Settings, SettingsError
 from relay.simulator import factories
 from relay.store import migrate
+from tests.cli_support import table as cli_table
 from tests.conftest import TOKEN, create_postgres_database, drop_postgres_database, running_client
 from tests.console_support import ConsoleClient
 from tests.store_support import blocking_eventually, child_environment, stored_events
@@ -539,7 +540,12 @@ def test_sources_list_names_every_check_and_never_a_secret(
         assert generated is not None and generated not in output
         for secret in [*secrets["token"], secrets["basic"], secrets["header"], SIGNATURE_SECRET]:
             assert secret not in output and secret.split(":")[-1] not in output
-    assert "/hooks/eu" in table.output and "forget-default" in table.output
+    shown = {row["SOURCE"]: row for row in cli_table(table.output, first="SOURCE")}
+    assert list(shown) == ["default", "eu", "chat", "open"]
+    assert shown["eu"]["PREFIX"] == "/hooks/eu" and shown["default"]["PREFIX"] == "/hooks"
+    assert shown["eu"]["CHECKS"] == "; ".join(rows["eu"]["checks"])
+    assert shown["open"]["CHECKS"] == "none (allow_anonymous)"
+    assert "forget-default" in table.output
 
 
 async def test_listing_the_generated_token_in_sources_default_moves_to_a_new_one_smoothly(

@@ -421,4 +421,4 @@ async def test_a_command_the_full_store_refuses_is_one_line(
     assert "Traceback" not in result.output
     await full_store.make_room()
     result = await asyncio.to_thread(CliRunner().invoke, main, replay)
-    assert result.exit_code == 0 and "replayed 1 deliveries" in result.output
+    assert result.exit_code == 0 and "replayed 1 delivery" in result.output

@@ -231,7 +231,7 @@ async def test_the_command_gives_up_reports_the_rest_and_enqueues_the_next_in_li
     )  # fmt: skip
 
     assert ran.exit_code == 1, ran.output
-    assert ran.stdout == "gave up 1 deliveries; 1 next in line due now\n"
+    assert ran.stdout == "gave up 1 delivery; 1 next in line due now\n"
     assert ran.stderr.splitlines() == [
         f"not given up: {UNKNOWN}: no such delivery",
         f"not given up: {third}: dead already",
@@ -243,7 +243,7 @@ async def test_the_command_gives_up_reports_the_rest_and_enqueues_the_next_in_li
 
     again = await cli("deliveries", "give-up", second, "--yes", "--config", str(config))
     assert again.exit_code == 0, again.output
-    assert again.stdout == "gave up 1 deliveries\n" and again.stderr == ""
+    assert again.stdout == "gave up 1 delivery\n" and again.stderr == ""
     [row] = await rows(engine, [second])
     assert row["last_error"].startswith("given up by ") and row["last_error"] != "given up by "
 
@@ -264,7 +264,7 @@ async def test_the_command_asks_on_a_terminal_and_refuses_to_guess_without_one(
     assert piped.exit_code == 2 and "pass --yes" in piped.output
     monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
     declined = await cli("deliveries", "give-up", first, *c, input="n\n")
-    assert declined.exit_code == 1 and "Give up 1 of 1 deliveries?" in declined.stderr
+    assert declined.exit_code == 1 and "Give up 1 of 1 delivery?" in declined.stderr
     assert (await rows(engine, [first]))[0]["status"] == PENDING
     accepted = await cli("deliveries", "give-up", first, *c, input="y\n")
     assert accepted.exit_code == 0, accepted.output
@@ -310,7 +310,7 @@ async def test_hostile_arguments_are_usage_errors_and_change_nothing(
     twice = await cli(
         "deliveries", "give-up", first, first, "--reason", "a", "--reason", "b", "--yes", *c
     )
-    assert twice.exit_code == 0 and twice.stdout.startswith("gave up 1 deliveries")
+    assert twice.exit_code == 0 and twice.stdout.startswith("gave up 1 delivery")
     [row] = await rows(engine, [first])
     assert (row["status"], row["last_error"]) == (DEAD, f"given up by {os_user()}: b")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from relay.outbox import replaying
 from relay.outbox.tables import DEAD, PENDING
 from relay.simulator import factories
 from relay.store import inspect, migrate
+from tests.cli_support import table
 from tests.conftest import TOKEN
 from tests.relay_support import Clock, Relay, store_events
 from tests.support import Answer, Sink, free_port, serving
@@ -94,23 +96,47 @@ def test_deliveries_and_destinations_commands(tmp_path: Path) -> None:
     assert dead["id"] == flaky and dead["attempts"] == 1 and dead["last_status_code"] == 503
     [held] = json.loads(relay("deliveries", "list", "--destination", "gone", "--json", *c))
     assert held["status"] == "held"
-    assert "flaky" in relay("deliveries", "list", *c)
+    listed_rows = table(relay("deliveries", "list", *c), first="ID")
+    assert {row["ID"]: row["DESTINATION"] for row in listed_rows} == {
+        flaky: "flaky",
+        gone: "gone",
+    }
+    by_id = {row["ID"]: row for row in listed_rows}
+    assert by_id[flaky]["STATUS"] == "dead" and by_id[flaky]["ATTEMPTS"] == "1"
+    assert by_id[flaky]["NEXT ATTEMPT (UTC)"] == "-" and by_id[flaky]["LAST"] == "HTTP 503"
+    assert by_id[gone]["STATUS"] == "held" and by_id[gone]["LAST"] == "HTTP 410"
 
     shown = json.loads(relay("deliveries", "show", flaky, "--json", *c))
     [attempt] = shown["attempt_log"]
     assert attempt["status_code"] == 503 and attempt["response_excerpt"] == "broken"
-    assert "#1" in relay("deliveries", "show", flaky, *c)
+    text = relay("deliveries", "show", flaky, *c)
+    assert re.search(r"^attempts: +1$", text, re.MULTILINE)
+    assert len(re.findall(r"^attempts\b", text, re.MULTILINE)) == 1
+    assert "attempt log: 1 attempt\n" in text
+    [logged] = table(text, first="#")
+    assert logged["#"] == "1" and logged["OUTCOME"] == "HTTP 503"
+    assert logged["DURATION"].endswith(" ms")
 
     destinations = {d["name"]: d for d in json.loads(relay("destinations", "list", "--json", *c))}
     assert destinations["gone"]["disabled"] is True
     assert destinations["flaky"]["consecutive_failures"] == 1
     for row in destinations.values():
         assert {"name", "consecutive_failures", "paused_until", "disabled"} <= set(row)
+    shown_destinations = {
+        row["NAME"]: row for row in table(relay("destinations", "list", *c), first="NAME")
+    }
+    assert shown_destinations["gone"]["DISABLED"] == "410 Gone"
+    assert shown_destinations["flaky"]["DISABLED"] == "no"
+    assert shown_destinations["flaky"]["FAILURES"] == "1"
+    assert shown_destinations["flaky"]["TARGET"] == "http://127.0.0.1:9/flaky"
 
-    assert "replayed 1 deliveries" in relay("deliveries", "replay", "--status", "dead", *c)
+    assert "replayed 1 delivery" in relay("deliveries", "replay", "--status", "dead", *c)
     [replayed] = json.loads(relay("deliveries", "list", "--destination", "flaky", "--json", *c))
     assert replayed["status"] == "pending" and replayed["next_attempt_at"] is not None
-    assert "1 held deliveries released" in relay("destinations", "enable", "gone", *c)
+    [due] = table(relay("deliveries", "list", "--destination", "flaky", *c), first="ID")
+    assert due["STATUS"] == "pending" and due["ATTEMPTS"] == "1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", due["NEXT ATTEMPT (UTC)"])
+    assert "1 held delivery released" in relay("destinations", "enable", "gone", *c)
     [released] = json.loads(relay("deliveries", "list", "--destination", "gone", "--json", *c))
     assert released["status"] == "pending"
     assert not json.loads(relay("destinations", "list", "--json", *c))[1]["disabled"]

@@ -199,6 +199,77 @@ async def test_each_failed_attempt_is_one_info_line_with_its_context(
     }
 
 
+async def test_a_pause_and_its_end_are_one_line_each_and_a_success_none_at_info(
+    engine: AsyncEngine,
+    clock: Clock,
+    sink: Sink,
+    relay_factory: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay = relay_factory(  # type: ignore[operator]
+        {"crm": {"type": "http", "url": sink.url(), "policy": "pausing"}},
+        policies={
+            "pausing": {
+                "type": "delays",
+                "delays": ["1s"],
+                "then": "1s",
+                "give_up_after": "1h",
+                "pause_after": 2,
+                "pause_for": "10m",
+            }
+        },
+    )
+    sink.script["/hook"] = [Answer(503), Answer(503)]
+    await store_events(engine, [("/hooks/tts/events", factories.tts_event())], clock)
+    [due] = await relay.route_all()
+
+    with caplog.at_level(logging.INFO, logger="relay.delivery"):
+        for _ in range(2):
+            retry = await relay.deliverer.attempt(due.id)
+            assert retry is not None
+            clock.to(retry.at)
+        paused_until = START + SECOND + timedelta(minutes=10)
+        clock.to(paused_until)
+        assert await relay.deliverer.attempt(due.id) is None  # succeeds
+
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "relay.delivery"]
+    assert lines[0][1].startswith(f"attempt 1 of delivery {due.id} to crm failed")
+    assert lines[1][1].startswith(f"attempt 2 of delivery {due.id} to crm failed")
+    assert lines[2:] == [
+        (
+            "WARNING",
+            f"destination crm paused until {paused_until.isoformat()} after 2 consecutive "
+            "failures: its deliveries wait until then",
+        ),
+        ("INFO", "destination crm works again (it was paused after 2 consecutive failures)"),
+    ]
+
+
+async def test_a_410_is_one_warning_and_the_deliveries_it_holds_none(
+    engine: AsyncEngine,
+    clock: Clock,
+    sink: Sink,
+    relay_factory: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay = relay_factory({"crm": {"type": "http", "url": sink.url()}})  # type: ignore[operator]
+    sink.script["/hook"] = [Answer(410)]
+    await store_events(
+        engine,
+        [("/hooks/sms/dlr", factories.sms_dlr()), ("/hooks/sms/dlr", factories.sms_dlr())],
+        clock,
+    )
+    first, second = await relay.route_all()
+    with caplog.at_level(logging.INFO, logger="relay.delivery"):
+        await relay.deliverer.attempt(first.id)
+        await relay.deliverer.attempt(second.id)  # held without an attempt
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "destination crm answered 410 Gone: it is disabled, and its deliveries are held until "
+        "`relay destinations enable crm` (or the console) enables it"
+    ]
+
+
 @pytest.mark.slow
 async def test_answers_with_nul_bytes_are_recorded(
     engine: AsyncEngine, clock: Clock, sink: Sink, relay_factory: object

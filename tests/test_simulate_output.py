@@ -24,7 +24,7 @@ from relay.observe.progress import BEFORE_LINE, Bar, is_terminal
 from relay.simulator.cli import simulate
 from relay.simulator.clocks import VirtualClock
 from relay.simulator.platform import Attempt, Platform
-from relay.simulator.report import failure_line, given_up_line
+from relay.simulator.report import failure_line, given_up_line, render
 from relay.simulator.scenarios import SCENARIOS, Callback
 from relay.simulator.wire import Endpoint
 from tests.support import free_port
@@ -97,6 +97,7 @@ def test_piped_output_is_a_line_per_failed_attempt_then_the_summary(receiver: Sc
     assert second.startswith("attempt 2 of sms.inbound ")
     assert "failed: HTTP 500 Internal Server Error (" in second
     assert summary[0] == "events      1"
+    assert summary[1] == "attempts    3 (2 retries, 0 duplicates sent)"
     assert summary[2] == "answers     200: 1, 500: 1, 503: 1"
     assert summary[4] == "given up    0"
 
@@ -276,3 +277,18 @@ def test_by_default_the_stream_decides() -> None:
 class _NoIsatty:
     def write(self, text: str) -> int:
         return len(text)
+
+
+def test_the_summary_counts_read_right_in_the_singular() -> None:
+    summary = {
+        "events": 1,
+        "attempts": 2,
+        "retries": 1,
+        "duplicates_sent": 1,
+        "answers": {200: 2},
+        "latency_p50_ms": 1,
+        "latency_p99_ms": 1,
+        "given_up": 0,
+        "elapsed_s": 0.1,
+    }
+    assert "attempts    2 (1 retry, 1 duplicate sent)" in render(summary).splitlines()

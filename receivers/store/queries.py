@@ -8,6 +8,7 @@ index however large the table is.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Row, func, select
@@ -23,13 +24,26 @@ REJECTED = RejectedBody.__table__
 async def list_events(
     engine: AsyncEngine,
     *,
-    kind: str | None = None,
+    kind: str | Collection[str] | None = None,
     source: str | None = None,
     limit: int = 50,
     with_payload: bool = True,
 ) -> list[Row[Any]]:
-    """The newest events first, optionally of one kind and/or source: every column but the raw
-    body (and but the payload unless ``with_payload``)."""
+    """The newest events first, optionally of one kind (or of any of a collection of kinds)
+    and/or source: every column but the raw body (and but the payload unless
+    ``with_payload``). Several kinds are one query each, merged: each walks its kind's index
+    for ``limit`` rows at most, where one query for them all would sort every event of
+    those kinds."""
+    if kind is not None and not isinstance(kind, str):
+        found = [
+            row
+            for one in sorted(set(kind))
+            for row in await list_events(
+                engine, kind=one, source=source, limit=limit, with_payload=with_payload
+            )
+        ]
+        found.sort(key=lambda row: (row.received_at, row.id), reverse=True)
+        return found[:limit]
     columns = [
         c for c in EVENTS.c if c.name != "raw_body" and (with_payload or c.name != "payload")
     ]
@@ -65,3 +79,9 @@ async def list_rejected(
     )
     async with engine.connect() as conn:
         return list(await conn.execute(query))
+
+
+async def get_rejected(engine: AsyncEngine, rejected_id: str) -> Row[Any] | None:
+    """One quarantined body by id, with its raw body."""
+    async with engine.connect() as conn:
+        return (await conn.execute(select(REJECTED).where(REJECTED.c.id == rejected_id))).first()

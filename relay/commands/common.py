@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,7 +15,8 @@ from receivers.store import StoreFull, create_engine, refusal_of, sqlite_file
 from relay import outbox
 from relay.destinations.errors import without_credentials
 from relay.dispatch.jobs import JobQueue, open_pool
-from relay.settings import Settings, SettingsError, config_path, load_settings
+from relay.settings import CONFIG_ENV, Settings, SettingsError, config_path, load_settings
+from relay.unknown_variables import option_variables, unknown_variables
 
 T = TypeVar("T")
 
@@ -31,12 +32,43 @@ config_option = click.option(
 )
 
 
-def load_settings_or_exit(config_file: str | None) -> Settings:
-    """The settings of --config / $RELAY_CONFIG / the environment, or a clean error exit."""
+def load_settings_or_exit(config_file: str | None, *, warn: bool = True) -> Settings:
+    """The settings of --config / $RELAY_CONFIG / the environment, or a clean error exit.
+    ``warn``: say first on standard error which ``RELAY_*`` variables match nothing (a
+    command that logs says it in its log instead, see :func:`unknown_variable_warnings`;
+    an error exit says it in any case)."""
+    warnings = unknown_variable_warnings()
+    if warn:
+        echo_warnings(warnings)
     try:
         return load_settings(config_path(config_file, os.environ))
     except SettingsError as exc:
+        if not warn:
+            echo_warnings(warnings)
         raise click.ClickException(str(exc)) from None
+
+
+def echo_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+def unknown_variable_warnings(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """A warning per ``RELAY_*`` variable that matches no setting and no option of any
+    ``relay`` command (:mod:`relay.unknown_variables`)."""
+    context = click.get_current_context(silent=True)
+    root = context.find_root().command if context is not None else None
+    options = option_variables(_params(root)) | {CONFIG_ENV} if root else {CONFIG_ENV}
+    return unknown_variables(environ, Settings.model_fields, options)
+
+
+def _params(command: click.Command | None) -> Iterator[click.Parameter]:
+    if command is None:
+        return
+    yield from command.params
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            yield from _params(sub)
 
 
 def run(

@@ -9,6 +9,7 @@ import click
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
 from relay.console.sessions import LOGOUT_ALL, end_sessions
 from relay.console.users import could_be_user
+from relay.words import counted
 
 
 @click.group("console")
@@ -48,4 +49,4 @@ def logout_all(users: tuple[str, ...], config_file: str | None) -> None:
         )
     )
     whose = f" of {', '.join(sorted(set(users)))}" if users else ""
-    click.echo(f"ended {count} console sessions{whose}")
+    click.echo(f"ended {counted(count, 'console session')}{whose}")

@@ -30,6 +30,7 @@ from relay.delivery.give_up import (
 )
 from relay.observe import progress
 from relay.outbox import DELIVERIES, LOOKUP_CHUNK
+from relay.words import counted
 
 SHOWN_ID = 60
 """How much of a rejected id an error message repeats."""
@@ -108,7 +109,7 @@ def give_up_command(
         givable = [i for i in ids if found.get(i) in GIVABLE]
         if givable and not yes:
             click.confirm(
-                f"Give up {len(givable)} of {len(ids)} deliveries? They become dead now "
+                f"Give up {len(givable)} of {counted(len(ids), 'delivery')}? They become dead now "
                 "(replay brings them back)",
                 abort=True,
                 err=True,
@@ -124,6 +125,7 @@ def give_up_command(
         click.echo(f"not given up: {delivery_id}: {status} already", err=True)
     moved = len(done.next_in_line)
     line_note = f"; {moved} next in line due now" if moved else ""
-    click.echo(f"gave up {len(done.given_up)} deliveries{line_note}{pickup_note(settings)}")
+    gave_up = counted(len(done.given_up), "delivery")
+    click.echo(f"gave up {gave_up}{line_note}{pickup_note(settings)}")
     if done.unknown or done.finished:
         raise SystemExit(1)

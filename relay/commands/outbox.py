@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from receivers.ids import ID_FORMAT
 from relay import outbox
 from relay.commands.common import (
     config_option,
@@ -17,11 +19,15 @@ from relay.commands.common import (
     run,
     with_engine,
 )
+from relay.commands.escape import shown
+from relay.commands.tables import echo_fields, echo_table, moment
 from relay.dispatch.jobs import open_pool
 from relay.observe.progress import Bar
+from relay.outbox.records import KEEP_FIRST_ATTEMPTS, KEEP_LAST_ATTEMPTS
 from relay.outbox.tables import DELIVERY_STATUSES
 from relay.settings import Settings, SettingsError
 from relay.store import inspect
+from relay.words import counted
 
 ENQUEUE_BATCH = 1000
 """How many deliveries one step of the enqueueing bar enqueues."""
@@ -54,13 +60,25 @@ def deliveries_list(
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'ID':<36}  {'DESTINATION':<14}  {'STATUS':<9}  TRIES  {'NEXT ATTEMPT':<25}  LAST")
-    for row in rows:
-        last = row["last_status_code"] or row["last_error"] or ""
-        click.echo(
-            f"{row['id']:<36}  {row['destination']:<14}  {row['status']:<9}  "
-            f"{row['attempts']:>5}  {row['next_attempt_at'] or '-':<25}  {last}"
-        )
+    echo_table(
+        ["ID", "DESTINATION", "STATUS", "ATTEMPTS", "NEXT ATTEMPT (UTC)", "LAST"],
+        (
+            [
+                row["id"],
+                row["destination"],
+                row["status"],
+                row["attempts"],
+                moment(row["next_attempt_at"]),
+                last_outcome(row["last_status_code"], row["last_error"]),
+            ]
+            for row in rows
+        ),
+    )
+
+
+def last_outcome(status_code: int | None, error: str | None) -> str | None:
+    """What an attempt ended with, in a cell: ``HTTP 503``, or its error."""
+    return f"HTTP {status_code}" if status_code is not None else error
 
 
 @deliveries.command("show")
@@ -70,22 +88,46 @@ def deliveries_list(
 def deliveries_show(delivery_id: str, as_json: bool, config_file: str | None) -> None:
     """Show one delivery with its attempts (the first 3 and the last 20 are kept)."""
     settings = load_settings_or_exit(config_file)
-    document = run(with_engine(settings, lambda e: inspect.get_delivery(e, delivery_id)))
+    wanted = delivery_id.lower()
+
+    async def lookup(engine: AsyncEngine) -> dict[str, Any] | None:
+        if not ID_FORMAT.fullmatch(wanted):  # unknown, unasked: PostgreSQL refuses a NUL
+            return None
+        return await inspect.get_delivery(engine, wanted)
+
+    document = run(with_engine(settings, lookup))
     if document is None:
-        raise click.ClickException(f"no delivery {delivery_id}")
+        raise click.ClickException(f"no delivery {shown(delivery_id)}")
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
-    for key, value in document.items():
-        if key != "attempt_log":
-            click.echo(f"{key + ':':<18} {value}")
-    click.echo("attempts:")
-    for attempt in document["attempt_log"]:
-        outcome = attempt["status_code"] or attempt["error"]
-        click.echo(
-            f"  #{attempt['number']:<5} {attempt['started_at']}  "
-            f"{attempt['duration_ms']:>9.1f} ms  {outcome}"
+    echo_fields((key, value) for key, value in document.items() if key != "attempt_log")
+    kept = document["attempt_log"]
+    click.echo()
+    click.echo(f"attempt log: {kept_attempts(document['attempts'], len(kept))}")
+    if kept:
+        echo_table(
+            ["#", "STARTED (UTC)", "DURATION", "OUTCOME"],
+            (
+                [
+                    attempt["number"],
+                    moment(attempt["started_at"], milliseconds=True),
+                    f"{attempt['duration_ms']:.1f} ms",
+                    last_outcome(attempt["status_code"], attempt["error"]),
+                ]
+                for attempt in kept
+            ),
         )
+
+
+def kept_attempts(attempts: int, kept: int) -> str:
+    """``1 attempt``, ``25 attempts, 23 kept (the first 3 and the last 20)``."""
+    if kept == attempts:
+        return counted(attempts, "attempt")
+    return (
+        f"{counted(attempts, 'attempt')}, {kept} kept (the first {KEEP_FIRST_ATTEMPTS} and "
+        f"the last {KEEP_LAST_ATTEMPTS})"
+    )
 
 
 @deliveries.command("replay")
@@ -133,7 +175,7 @@ def deliveries_replay(
     wanted = len(set(delivery_ids))
     if delivery_ids and count < wanted:
         raise click.ClickException(f"replayed {count} of {wanted}: unknown ids")
-    click.echo(f"replayed {count} deliveries{pickup_note(settings)}")
+    click.echo(f"replayed {counted(count, 'delivery')}{pickup_note(settings)}")
 
 
 @click.group()
@@ -157,14 +199,20 @@ def destinations_list(as_json: bool, config_file: str | None) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'NAME':<16}  {'TYPE':<12}  FAILURES  {'PAUSED UNTIL':<32}  DISABLED  TARGET")
-    for row in rows:
-        click.echo(
-            f"{row['name']:<16}  {row['type'] or '-':<12}  {row['consecutive_failures']:>8}  "
-            f"{row['paused_until'] or '-':<32}  "
-            f"{row['disabled_reason'] or 'yes' if row['disabled'] else 'no':<8}  "
-            f"{row['target'] or '(not configured)'}"
-        )
+    echo_table(
+        ["NAME", "TYPE", "FAILURES", "PAUSED UNTIL (UTC)", "DISABLED", "TARGET"],
+        (
+            [
+                row["name"],
+                row["type"],
+                row["consecutive_failures"],
+                moment(row["paused_until"]),
+                (row["disabled_reason"] or "yes") if row["disabled"] else "no",
+                row["target"] or "(not configured)",
+            ]
+            for row in rows
+        ),
+    )
 
 
 @destinations.command("enable")
@@ -182,7 +230,8 @@ def destinations_enable(name: str, config_file: str | None) -> None:
         return len(due)
 
     count = run(with_engine(settings, enable))
-    click.echo(f"enabled {name}; {count} held deliveries released{pickup_note(settings)}")
+    released = counted(count, "held delivery", "held deliveries")
+    click.echo(f"enabled {name}; {released} released{pickup_note(settings)}")
 
 
 async def enqueue_with_progress(settings: Settings, due: list[outbox.Due]) -> None:

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.event_loop import LOOP_NAMES, LoopName, LoopUnavailable, loop_factory
-from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
+from relay.commands.common import (
+    config_option,
+    load_settings_or_exit,
+    run,
+    unknown_variable_warnings,
+    with_engine,
+)
 from relay.observe.known_secrets import known_secrets
 from relay.observe.logs import LOG_FORMATS, LOG_LEVELS, LogFormat, configure_logging
 from relay.store import migrate
+
+log = logging.getLogger("relay.settings")  # stable: users filter on it
 
 log_level_option = click.option(
     "--log-level",
@@ -38,6 +47,12 @@ loop_option = click.option(
     type=click.Choice(LOOP_NAMES),
     help="Event loop: uvloop where it is installed (auto), asyncio's own, or uvloop ($RELAY_LOOP).",
 )
+
+
+def log_unknown_variables() -> None:
+    """Warn in the log, once at start, of each ``RELAY_*`` variable that matches nothing."""
+    for warning in unknown_variable_warnings():
+        log.warning(warning)
 
 
 def chosen_loop(name: LoopName) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -84,9 +99,10 @@ def serve(
     from relay.server.serve import serve as run_server
 
     new_loop = chosen_loop(loop)
-    settings = load_settings_or_exit(config_file)
+    settings = load_settings_or_exit(config_file, warn=False)
     secrets = known_secrets(settings)
     configure_logging(log_level, log_format, secrets)
+    log_unknown_variables()
     try:
         run(
             run_server(settings, host, port, log_level, access_log=access_log, secrets=secrets),
@@ -129,8 +145,9 @@ def worker(
     from relay.server.runtime import run_worker
 
     new_loop = chosen_loop(loop)
-    settings = load_settings_or_exit(config_file)
+    settings = load_settings_or_exit(config_file, warn=False)
     configure_logging(log_level, log_format, known_secrets(settings))
+    log_unknown_variables()
     shorten_switch_interval()
     run(
         run_worker(settings, metrics_host=metrics_host, metrics_port=metrics_port),

@@ -13,6 +13,7 @@ from receivers.config import source_prefix
 from receivers.kinds import kinds_by_path
 from receivers.sources import SourceConfig
 from relay.commands.common import config_option, load_settings_or_exit, run, with_engine
+from relay.commands.tables import echo_table
 from relay.destinations.errors import without_credentials
 from relay.server.bootstrap import forget_token, kept_token
 from relay.server.default_source import ServedSources, TokenUse, served_sources
@@ -45,15 +46,18 @@ def sources_list(as_json: bool, config_file: str | None) -> None:
             "generates one for the default source."
         )
         return
-    click.echo(f"{'SOURCE':<16}  {'PREFIX':<24}  CHECKS")
-    for row in rows:
-        click.echo(f"{row['name']:<16}  {row['prefix']:<24}  {'; '.join(row['checks'])}")
+    echo_table(
+        ["SOURCE", "PREFIX", "CHECKS"],
+        ([row["name"], row["prefix"], "; ".join(row["checks"])] for row in rows),
+    )
     if served.generated is not None and served.generated.use is TokenUse.RETIRED:
+        click.echo()
         click.echo(
             "The default source's generated token is kept in the database but retired "
             "([sources.default] is configured): `relay sources forget-default` deletes it."
         )
     elif served.generated is not None and served.generated.use is TokenUse.BESIDE_CONFIGURED:
+        click.echo()
         click.echo(
             "The default source is served with its generated token because [sources.default] is "
             "not configured: configure it, or run `relay sources forget-default` to retire it."

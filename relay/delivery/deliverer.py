@@ -26,6 +26,7 @@ from relay.destinations.errors import MAX_ERROR_LENGTH, describe_error, storable
 from relay.observe.metrics import FAILED_ATTEMPT, GONE_ATTEMPT, SUCCEEDED_ATTEMPT, WorkerMetrics
 from relay.outbox import AttemptRecord, AttemptResult, Claim, Due
 from relay.outbox.tables import DEAD, HELD, PENDING, SUCCEEDED
+from relay.words import counted
 
 log = logging.getLogger("relay.delivery")  # stable: users filter on it
 
@@ -468,7 +469,7 @@ class Deliverer:
             response_excerpt=outcome.response_excerpt,
         )
         follow = window is not None and window.open(self._clock())
-        health = _on_rows(change) if change else None
+        health = _OnRows(change) if change else None
         recorded = await self._outbox.submit(
             AttemptRecord(claimed, result, status, next_at, health, claim_next=follow)
         )
@@ -482,7 +483,23 @@ class Deliverer:
             return Ended([])
         if status == SUCCEEDED:
             figures.lag.observe(max((finished - claimed.event.received_at).total_seconds(), 0.0))
-        if not outcome.ok:
+        context = {
+            "event_id": delivery.event_id,
+            "delivery_id": delivery.id,
+            "destination": delivery.destination,
+            "attempt": delivery.attempts + 1,
+            "status_code": result.status_code,
+        }
+        if outcome.ok:  # one line per delivery: at debug only
+            log.debug(
+                "attempt %d of delivery %s to %s succeeded in %.1f ms",
+                delivery.attempts + 1,
+                delivery.id,
+                delivery.destination,
+                outcome.duration_ms,
+                extra=context,
+            )
+        else:
             log.info(
                 "attempt %d of delivery %s to %s failed: %s; %s",
                 delivery.attempts + 1,
@@ -490,20 +507,16 @@ class Deliverer:
                 delivery.destination,
                 result.error or f"HTTP {result.status_code}",
                 f"next attempt at {next_at.isoformat()}" if next_at else status,
-                extra={
-                    "event_id": delivery.event_id,
-                    "delivery_id": delivery.id,
-                    "destination": delivery.destination,
-                    "attempt": delivery.attempts + 1,
-                    "status_code": result.status_code,
-                },
+                extra=context,
             )
+        if health is not None:
+            health.tell(delivery.destination)
         if status == DEAD:
             log.warning(
-                "delivery %s to %s is dead after %d attempts",
+                "delivery %s to %s is dead after %s",
                 delivery.id,
                 delivery.destination,
-                delivery.attempts + 1,
+                counted(delivery.attempts + 1, "attempt"),
             )
         jobs = [Due(delivery.id, delivery.attempts + 1, next_at)] if next_at else []
         return Ended(jobs, recorded.next_in_line, recorded.claimed_next)
@@ -580,14 +593,22 @@ def _health_change(
     return change
 
 
-def _on_rows(
-    change: Callable[[DestinationHealth], DestinationHealth],
-) -> outbox.HealthChange:
-    def apply(row: Mapping[str, Any]) -> Mapping[str, Any]:
+class _OnRows:
+    """A health change applied to a destination's row (an :data:`outbox.HealthChange`), which
+    keeps the states it went from and to: under the row's lock, one attempt alone sees a
+    transition, and :meth:`tell` logs it once the attempt is recorded (a transaction run again
+    applies the change again, and the last run is what was committed)."""
+
+    def __init__(self, change: Callable[[DestinationHealth], DestinationHealth]) -> None:
+        self._change = change
+        self._went: tuple[DestinationHealth, DestinationHealth] | None = None
+
+    def __call__(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         current = DestinationHealth(
             row["consecutive_failures"], row["paused_until"], row["disabled"]
         )
-        new = change(current)
+        new = self._change(current)
+        self._went = (current, new)
         reason = "410 Gone" if new.disabled and not current.disabled else row.get("disabled_reason")
         return {
             "consecutive_failures": new.consecutive_failures,
@@ -596,4 +617,32 @@ def _on_rows(
             "disabled_reason": reason if new.disabled else None,
         }
 
-    return apply
+    def tell(self, destination: str) -> None:
+        """Log the destination's change of state, if the change made one: disabled by a 410,
+        paused by the breaker (warnings), working again after a pause (info)."""
+        if self._went is None:
+            return
+        before, after = self._went
+        if after.disabled and not before.disabled:
+            log.warning(
+                "destination %s answered 410 Gone: it is disabled, and its deliveries are "
+                "held until `relay destinations enable %s` (or the console) enables it",
+                destination,
+                destination,
+                extra={"destination": destination},
+            )
+        elif after.paused_until is not None and after.paused_until != before.paused_until:
+            log.warning(
+                "destination %s paused until %s after %s: its deliveries wait until then",
+                destination,
+                after.paused_until.isoformat(),
+                counted(after.consecutive_failures, "consecutive failure"),
+                extra={"destination": destination},
+            )
+        elif before.paused_until is not None and after.paused_until is None:
+            log.info(
+                "destination %s works again (it was paused after %s)",
+                destination,
+                counted(before.consecutive_failures, "consecutive failure"),
+                extra={"destination": destination},
+            )

@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 from receivers.config import check_storable_name
-from receivers.kinds import KINDS_BY_NAME
+from receivers.kinds import KINDS_BY_NAME, kinds_matching
 from relay.destinations.signing import secret_key
 from relay.durations import Duration
 from relay.outbox.order_keys import DEFAULT_ORDER_KEY, OrderKey
@@ -93,11 +93,10 @@ class DestinationBase(BaseModel):
     def _known_kinds(cls, value: list[str]) -> list[str]:
         if not value:
             raise ValueError('kinds cannot be empty (omit it, or use ["*"], to relay every kind)')
-        names = list(KINDS_BY_NAME)
         for pattern in value:
-            if not any(fnmatchcase(name, pattern) for name in names):
+            if not kinds_matching(pattern):
                 raise ValueError(
-                    f"kinds pattern {pattern!r} matches no kind (known: {', '.join(names)})"
+                    f"kinds pattern {pattern!r} matches no kind (known: {', '.join(KINDS_BY_NAME)})"
                 )
         return value
 

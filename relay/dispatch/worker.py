@@ -167,6 +167,7 @@ def build_worker(
         if services is not None:
             await services.aclose()
         await connection.aclose()
+        log.info("relay worker stopped")  # arq's own shutdown line shows at debug only
 
     return (worker_class or RelayWorker)(
         functions=[func(deliver, name=DELIVER_FUNCTION, keep_result=0, max_tries=3)],
@@ -312,8 +313,9 @@ class RelayWorker(Worker):
             await self.on_startup(self.ctx)
 
     async def announce(self) -> None:
-        """arq's line about the Redis server (version, memory, clients, keys)."""
-        await log_redis_info(self.pool, logging.getLogger("arq.worker").info)
+        """arq's line about the Redis server (version, memory, clients, keys), told by the
+        relay's logger: arq's own logger shows at debug only."""
+        await log_redis_info(self.pool, log.info)
 
     async def poll(self) -> None:
         """Start the queued jobs that are due (within ``max_jobs``), forget the jobs that

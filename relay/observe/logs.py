@@ -29,6 +29,11 @@ QUIET_LOGGERS = ("alembic", "aiosqlite")
 """Loggers shown from WARNING up only: alembic tells every migration step at INFO, aiosqlite
 every database call at DEBUG, with its parameters (the events' personal data, the secrets an
 installation generates)."""
+DEBUG_ONLY_LOGGERS = ("httpx", "httpcore", "arq.worker", "arq.jobs")
+"""Loggers that tell every request or job at INFO (httpx's ``HTTP Request`` line per HTTP
+delivery, arq's line per job started and ended): their INFO records show only at ``debug``,
+their warnings and errors at every level. What happened to a delivery is told by
+``relay.delivery`` (a line per failed attempt) instead."""
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SCALARS = (bool, int, float, type(None))
 """Context values a JSON line keeps as they are; any other is printed as its masked text."""
@@ -138,6 +143,9 @@ def configure_logging(
     root.setLevel(level.upper())
     for name in QUIET_LOGGERS:  # a failing start stays one line
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    for name in DEBUG_ONLY_LOGGERS:
+        per_event = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+        logging.getLogger(name).setLevel(max(per_event, root.level))
     for place in redaction.known.too_short:
         log.warning(
             "the secret in %s is shorter than %d characters: it is masked in the logs only "

@@ -10,6 +10,7 @@ import httpx
 
 from relay.simulator.platform import Attempt, CallbackResult
 from relay.simulator.run import Pacer
+from relay.words import counted
 
 NO_ANSWER = "no answer"
 
@@ -79,8 +80,8 @@ def render(summary: dict[str, Any]) -> str:
     answers = ", ".join(f"{code}: {count}" for code, count in summary["answers"].items()) or "-"
     lines = [
         f"events      {summary['events']}",
-        f"attempts    {summary['attempts']} ({summary['retries']} retries, "
-        f"{summary['duplicates_sent']} duplicates sent)",
+        f"attempts    {summary['attempts']} ({counted(summary['retries'], 'retry')}, "
+        f"{counted(summary['duplicates_sent'], 'duplicate')} sent)",
         f"answers     {answers}",
         f"latency     p50 {summary['latency_p50_ms']} ms, p99 {summary['latency_p99_ms']} ms",
         f"given up    {summary['given_up']}",

@@ -34,6 +34,7 @@ from receivers.store import ReceivedEvent, RejectedBody
 from relay.delivery.policies import BUILTIN_POLICIES, attempt_times
 from relay.outbox import LOOKUP_CHUNK
 from relay.outbox.tables import DEAD, SUCCEEDED, Delivery, DeliveryAttempt, RoutedEvent
+from relay.words import counted
 
 EVENTS = ReceivedEvent.__table__
 REJECTED = RejectedBody.__table__
@@ -79,16 +80,10 @@ class Pruned:
     def describe(self) -> str:
         """``3 events, 4 deliveries, 9 attempts and 1 quarantined body``."""
         return (
-            f"{_plural(self.events, 'event')}, {_plural(self.deliveries, 'delivery')}, "
-            f"{_plural(self.attempts, 'attempt')} and "
-            f"{_plural(self.rejected, 'quarantined body', 'quarantined bodies')}"
+            f"{counted(self.events, 'event')}, {counted(self.deliveries, 'delivery')}, "
+            f"{counted(self.attempts, 'attempt')} and "
+            f"{counted(self.rejected, 'quarantined body', 'quarantined bodies')}"
         )
-
-
-def _plural(count: int, one: str, many: str | None = None) -> str:
-    if count == 1:
-        return f"1 {one}"
-    return f"{count} {many or (one[:-1] + 'ies' if one.endswith('y') else one + 's')}"
 
 
 @cache
