@@ -6,8 +6,8 @@ the stream's ack, with ``Nats-Msg-Id`` = the event id (as
 ``relay/destinations/nats_jetstream.py`` does). The baseline publishes the same way. The
 consumer is a durable push consumer of the stream (deliver all, explicit acks), so it can
 start before or after the publishers and survives a server restart (chaos): nats-py
-reconnects and the consumer, kept in the stream's store, goes on where it was (messages whose
-ack was lost come again: duplicates are reported).
+reconnects and the consumer, kept in the stream's store, goes on where it was (a message whose
+ack was lost comes again, and counts once: what is measured is what the stream holds).
 
 Fault controls for the chaos run: :func:`start_server` (``nats-server -js`` on a port, its
 store in a work directory) and :func:`stop_server` (SIGTERM). Only the standard library and
@@ -88,15 +88,24 @@ async def prepare(url: str, name: str) -> None:
 async def consume(url: str, name: str, count: int, timeout: float) -> list[tuple[str, float]]:
     """Read `name`'s messages with the broker's own client, acking each, until `count` distinct
     webhook-id headers were seen or `timeout` seconds passed without a new one; returns every
-    message received as (webhook-id, time.time() at arrival), duplicates included, in order."""
+    message of the stream received as (webhook-id, time.time() at arrival), duplicates included,
+    in order.
+
+    A stream message counts once, at its first arrival: one the server sends again because its
+    ack was lost (a server restart) is the consumer's repeat, not a second publish by the relay.
+    A duplicate here is a second stream message with the same webhook-id."""
     received: list[tuple[str, float]] = []
     seen: set[str] = set()
+    sequences: set[int] = set()
     news = asyncio.Event()
 
     async def on_message(msg: Msg) -> None:
         arrived = time.time()
         webhook_id = (msg.headers or {}).get("webhook-id", "")
-        received.append((webhook_id, arrived))
+        sequence = msg.metadata.sequence.stream
+        if sequence not in sequences:
+            sequences.add(sequence)
+            received.append((webhook_id, arrived))
         if webhook_id not in seen:
             seen.add(webhook_id)
             news.set()
