@@ -1,9 +1,12 @@
-"""pytest plugin (entry point ``pytest11``): the ``platform`` fixture."""
+"""pytest plugin (entry point ``pytest11``): the ``platform`` and ``platform_api`` fixtures."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from relay.sandbox.testing import PlatformApi
 from relay.simulator.testing import PlatformSimulator
 
 
@@ -11,3 +14,15 @@ from relay.simulator.testing import PlatformSimulator
 def platform() -> PlatformSimulator:
     """The CPaaS platform, ready to call your webhook handler: ``platform.target(app)``."""
     return PlatformSimulator(seed=0)
+
+
+@pytest.fixture
+def platform_api() -> Iterator[PlatformApi]:
+    """The platform's API in a box (``relay sandbox``) on 127.0.0.1, for the app under test:
+    ``base_url``, ``api_key``, ``messages``, ``wait_for(...)``, ``callbacks``, and a clock
+    that moves with ``advance(...)``. Stopped after the test."""
+    api = PlatformApi()
+    try:
+        yield api
+    finally:
+        api.stop()
