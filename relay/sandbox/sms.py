@@ -55,7 +55,7 @@ def send_sms(sandbox: Sandbox, request: SmsRequest, chaos: frozenset[str]) -> Me
         part_ids=[str(uuid.uuid4()) for _ in request.segmented.parts],
     )
     sandbox.state.messages[message.request_id] = message
-    _move(sandbox, message, "ACCEPTED")
+    _move(sandbox, message, "ACCEPTED", now)
     for when, status in plan(row, send_at, message.expires_at):
         sandbox.scheduler.at(when, _mover(sandbox, message, status))
     return message
@@ -90,8 +90,8 @@ def _mover(sandbox: Sandbox, message: Message, status: str) -> Any:
     return move
 
 
-def _move(sandbox: Sandbox, message: Message, status: str) -> None:
-    now = sandbox.clock.now()
+def _move(sandbox: Sandbox, message: Message, status: str, now: datetime | None = None) -> None:
+    now = now or sandbox.clock.now()
     message.status = status
     message.history.append((status, now))
     if status in FINAL:
@@ -175,17 +175,24 @@ def report(message: Message, base_url: str) -> dict[str, Any]:
         "overallPrice": f"{float(price) * len(message.parts):.4f}",
         "priceEffective": effective,
         "parts": [
-            {
-                "partId": part_id,
-                "deliveryState": message.status,
-                "doneDate": done,
-                "errorCode": message.error_code,
-                "statusText": message.error_reason,
-                "price": price,
-                "currency": CURRENCY,
-                "priceEffective": effective,
-            }
+            _present(
+                {
+                    "partId": part_id,
+                    "deliveryState": message.status,
+                    "doneDate": done,
+                    "errorCode": message.error_code,
+                    "statusText": message.error_reason,
+                    "price": price,
+                    "currency": CURRENCY,
+                    "priceEffective": effective,
+                }
+            )
             for part_id in message.part_ids
         ],
     }
-    return {k: v for k, v in body.items() if v is not None}
+    return _present(body)
+
+
+def _present(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields that have a value (the platform leaves the others out)."""
+    return {k: v for k, v in fields.items() if v is not None}
