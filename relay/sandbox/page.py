@@ -105,15 +105,18 @@ def templates() -> Environment:
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """An urlencoded form, bounded, UTF-8, each field once; 400/413 problems otherwise."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        raise _bad("the body must be an urlencoded form")
+    """An urlencoded form (or no body at all), bounded, UTF-8, each field once; 400/413
+    problems otherwise."""
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise Problem(413, "body-too-large", "Content Too Large", "The form is too large.")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not body and not kind:
+        return {}  # an API client's POST without a body
+    if kind != "application/x-www-form-urlencoded":
+        raise _bad("the body must be an urlencoded form")
     try:
         pairs = parse_qsl(
             body.decode("utf-8"),
