@@ -71,6 +71,27 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "a skeleton whose body is the reader's; tests/test_destinations.py checks that the arq "
         "destination enqueues function(envelope)"
     ),
+    (
+        "README.md",
+        "RELAY_SANDBOX_API_KEY=dev-key relay sandbox --time-scale 0.001 &  # +99900000001: "
+        "undeliverable",
+    ): (
+        "serves until stopped and needs an app on port 8000: tests/test_sandbox_cli.py starts "
+        "`relay sandbox` with the key from the environment, tests/test_sandbox_e2e.py sends SMS "
+        "through it to a real `relay serve`"
+    ),
+    (
+        "docs/simulator.md",
+        "RELAY_SANDBOX_API_KEY=dev-key relay sandbox --port 8100 --time-scale 0.001 &",
+    ): (
+        "serves until stopped and needs an app on port 8000: tests/test_sandbox_cli.py starts "
+        "`relay sandbox` with the key from the environment, tests/test_sandbox_e2e.py sends SMS "
+        "through it to a real `relay serve`"
+    ),
+    ("docs/simulator.md", 'host = "127.0.0.1"'): (
+        "a `relay sandbox --config` file, not the relay's settings: "
+        "tests/test_sandbox_docs.py loads this very block as the sandbox's settings"
+    ),
 }
 """Blocks the suite does not run, by page and first line, with the reason."""
 
@@ -175,7 +196,10 @@ def with_placeholders_filled(text: str) -> str:
 
 
 def runner_of(block: Block) -> str | None:
-    """How the suite runs ``block``, or None when nothing does."""
+    """How the suite runs ``block``, or None when nothing does (or :data:`NOT_RUN` names it,
+    e.g. a TOML block that is not the relay's settings)."""
+    if (block.page, block.first_line) in NOT_RUN:
+        return None
     if block.language in SHOWN:
         return "shown"
     if block.language == "json":
