@@ -7,8 +7,12 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tests.sandbox_support import API_KEY, sandbox_api, sms_fields
+from receivers.problems import Problem
+from relay.sandbox.sms_request import parse_sms
+from tests.sandbox_support import API_KEY, START, sandbox_api, sms_fields
 
 PROBLEM = "application/problem+json"
 ROUTES = [
@@ -194,14 +198,19 @@ async def test_a_huge_body_is_a_413_problem() -> None:
         ("POST", "/messaging/v1/messages/x"),
         ("GET", "/messaging/v1/conversion"),
         ("DELETE", "/_sandbox/messages"),
+        ("HEAD", "/messaging/v1/sms"),
+        ("HEAD", "/messaging/v1/messages/x"),
         ("GET", "/_sandbox/reset"),
     ],
 )
 async def test_a_wrong_method_is_a_405_problem(method: str, path: str) -> None:
     async with sandbox_api() as api:
-        answer = await api.client.request(method, path)
-    assert_problem(answer, 405)
-    assert answer.headers["allow"]
+        answer = await api.client.request(method, path, params=sms_fields())
+        assert answer.status_code == 405
+        assert answer.headers["allow"]
+        if method != "HEAD":
+            assert_problem(answer, 405)
+        assert api.sandbox.state.messages == {}
 
 
 @pytest.mark.parametrize(
@@ -244,3 +253,43 @@ async def test_a_bad_chaos_header_is_a_400_problem(value: str) -> None:
         )
         assert_problem(answer, 400, "X-Sandbox-Chaos")
         assert api.sandbox.state.messages == {}
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=300),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=5,
+)
+FIELD_NAMES = [
+    "to",
+    "from",
+    "message",
+    "encoding",
+    "gateway",
+    "conversion",
+    "sendDateTime",
+    "validity",
+    "reference",
+    "callbackUrl",
+    "callbackMethod",
+    "partLimit",
+    "trate",
+    "mrate",
+    "upperCased",
+    "keepEmojis",
+    "flash",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELD_NAMES), JSON_VALUES))
+def test_any_json_fields_are_accepted_or_a_400_naming_a_field(fields: dict[str, Any]) -> None:
+    base = sms_fields()
+    for candidate in (fields, {**base, **fields}):
+        try:
+            parse_sms(candidate, START)
+        except Problem as problem:
+            assert problem.status == 400
+            assert problem.extra["errors"][0]["field"] in FIELD_NAMES

@@ -197,3 +197,16 @@ async def test_a_stepped_clock_sends_nothing_before_the_test_moves_time(sink: Si
             assert sent.attempts[0].sent_at == START + timedelta(seconds=30)
         finally:
             task.cancel()
+
+
+async def test_after_100_failures_in_a_row_the_sending_pauses_10_minutes(
+    running: Scheduler, sink: Sink
+) -> None:
+    scheduler = running
+    sink.script["/hook"] = [Answer(500)] * 101
+    sent = scheduler.schedule(callback(sink))
+    await scheduler.idle()
+    times = [a.sent_at for a in sent.attempts]
+    assert times == list(attempt_times(PLATFORM_SMS, START, succeed_at=102))
+    assert times[100] - times[99] == timedelta(minutes=10)
+    assert sent.state == "delivered"

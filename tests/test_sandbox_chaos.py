@@ -87,3 +87,15 @@ async def test_a_run_without_chaos_sends_each_report_once_in_order(sink: Sink) -
         await api.sandbox.scheduler.idle()
     assert len(reports(sink)) == 15
     assert all(not c.duplicate for c in api.sandbox.state.callbacks.values())
+
+
+async def test_a_run_with_a_share_of_one_gives_every_message_that_chaos(sink: Sink) -> None:
+    async with sandbox_api(chaos=ChaosSettings(out_of_order=1.0), seed=1) as api:
+        for _ in range(3):
+            await api.send(callbackUrl=sink.url())
+        await api.sandbox.scheduler.idle()
+        messages = list(api.sandbox.state.messages.values())
+    assert all(m.chaos == frozenset({"out-of-order"}) for m in messages)
+    for message in messages:
+        statuses = [r["status"] for r in reports(sink) if r["requestId"] == message.request_id]
+        assert statuses == ["DELIVERED", "ACCEPTED", "BUFFERED"]

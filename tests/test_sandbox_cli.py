@@ -147,6 +147,23 @@ def test_an_inbound_url_that_is_not_http_is_refused() -> None:
     assert result.exit_code == 1 and "inbound_url" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--inbound-url", ""], "inbound_url"),
+        (["--inbound-url", "http://"], "inbound_url"),
+        (["--api-key", ""], "api_key"),
+        (["--api-key", "   "], "api_key"),
+        (["--host", "256.1.1.1"], "cannot listen"),
+        (["--host", ""], "host"),
+    ],
+)
+def test_empty_and_bad_values_are_one_clear_error(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["sandbox", "--port", "0", *args])
+    assert result.exit_code == 1, result.output
+    assert message in result.output
+
+
 def test_a_port_in_use_is_one_clear_error() -> None:
     with running_sandbox() as (base_url, _, _p):
         port = base_url.rsplit(":", 1)[1]

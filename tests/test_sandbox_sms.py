@@ -142,6 +142,14 @@ async def test_a_reply_arrives_as_an_inbound_sms_at_the_inbound_url(sink: Sink) 
     assert inbound["contentList"][0]["sentDate"] == "2026-11-26T12:00:33.000Z"
 
 
+async def test_without_an_inbound_url_the_reply_is_not_sent(sink: Sink) -> None:
+    async with sandbox_api() as api:
+        await api.send(to="+99900000005", callbackUrl=sink.url())
+        await api.sandbox.scheduler.idle()
+        kinds = [c.kind for c in api.sandbox.state.callbacks.values()]
+    assert kinds == ["sms.dlr"] * 3
+
+
 async def test_reading_a_message_shows_its_current_state() -> None:
     clock = SteppedClock(START)
     async with sandbox_api(clock=clock) as api:
@@ -190,3 +198,26 @@ async def test_a_conversion_for_an_unknown_request_id_is_a_404_problem() -> None
         answer = await api.client.post("/messaging/v1/conversion", json={"requestId": "nope"})
     assert answer.status_code == 404
     assert answer.json()["status"] == 404
+
+
+async def test_beyond_max_messages_the_oldest_finished_one_is_forgotten(sink: Sink) -> None:
+    async with sandbox_api(max_messages=2) as api:
+        first = (await api.send(callbackUrl=sink.url())).json()["requestId"]
+        second = (await api.send(callbackUrl=sink.url())).json()["requestId"]
+        await api.sandbox.scheduler.idle()
+        third = (await api.send()).json()["requestId"]
+        assert list(api.sandbox.state.messages) == [second, third]
+        assert {c.subject for c in api.sandbox.state.callbacks.values()} == {second}
+        gone = await api.client.get(f"/messaging/v1/messages/{first}")
+        assert gone.status_code == 404
+
+
+async def test_when_every_kept_message_is_under_way_a_send_is_a_503_problem() -> None:
+    async with sandbox_api(clock=SteppedClock(START), max_messages=2) as api:
+        await api.send()
+        await api.send()
+        answer = await api.send()
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        assert answer.json()["type"].endswith("sandbox-full")
+        assert len(api.sandbox.state.messages) == 2

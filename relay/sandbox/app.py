@@ -41,6 +41,8 @@ def build_app(sandbox: Sandbox) -> Starlette:
         its callbacks get."""
 
         async def guarded(request: Request) -> Response:
+            if request.method == "HEAD":  # Starlette adds HEAD to GET routes; a HEAD sends nothing
+                raise HTTPException(405, headers={"Allow": "GET, POST"})
             authorize(request, sandbox.api_key)
             forced = forced_chaos(request)
             api = sandbox.draw_chaos(forced, api=True)

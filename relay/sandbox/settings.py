@@ -63,9 +63,18 @@ class SandboxSettings(BaseModel):
     """Where inbound SMS (a magic number's reply) are sent; none: they are not sent."""
     validity: Duration = timedelta(hours=48)
     """How long an SMS without ``validity`` stays deliverable (an assumption: not published)."""
+    max_messages: int = Field(default=10_000, ge=1, le=1_000_000)
+    """How many messages are kept: beyond it, the oldest finished ones are forgotten."""
     seed: int | None = None
     """Seeds the chaos draws (reproducible runs)."""
     chaos: ChaosSettings = ChaosSettings()
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty (0.0.0.0 listens on every interface)")
+        return value
 
     @field_validator("inbound_url")
     @classmethod

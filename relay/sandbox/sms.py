@@ -12,7 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from receivers.kinds import KINDS_BY_NAME
+from receivers.problems import Problem
 from relay.sandbox import numbers
+from relay.sandbox.callbacks import Action
 from relay.sandbox.inbound import inbound_message
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.sms_request import SmsRequest
@@ -34,6 +36,15 @@ ERRORS = {"EXPIRED": ("003", "Validity period expired")}
 
 def send_sms(sandbox: Sandbox, request: SmsRequest, chaos: frozenset[str]) -> Message:
     """Accept an SMS: record it, send its ACCEPTED report and plan the rest of its life."""
+    if not sandbox.state.forget_finished(sandbox.settings.max_messages):
+        raise Problem(
+            503,
+            "sandbox-full",
+            "Service Unavailable",
+            f"The sandbox holds {len(sandbox.state.messages)} messages still under way "
+            "(max_messages); wait, or reset it (POST /_sandbox/reset).",
+            headers={"Retry-After": "1"},
+        )
     now = sandbox.clock.now()
     send_at = request.send_at or now
     row = numbers.sms_outcome(request.to)
@@ -82,7 +93,7 @@ def plan(
     return [*steps, final]
 
 
-def _mover(sandbox: Sandbox, message: Message, status: str) -> Any:
+def _mover(sandbox: Sandbox, message: Message, status: str) -> Action:
     async def move() -> None:
         if sandbox.state.messages.get(message.request_id) is message:  # not reset meanwhile
             _move(sandbox, message, status)
@@ -131,13 +142,13 @@ def _report(sandbox: Sandbox, message: Message, final: bool) -> None:
     message.held.clear()
 
 
-def _replier(sandbox: Sandbox, message: Message) -> Any:
+def _replier(sandbox: Sandbox, message: Message) -> Action:
     async def reply() -> None:
         url = sandbox.settings.inbound_url
         if url is None or sandbox.state.messages.get(message.request_id) is not message:
             return
         body = inbound_message(message.to, message.sender, REPLY_TEXT, sandbox.clock.now())
-        sandbox.scheduler.schedule(
+        callback = sandbox.scheduler.schedule(
             Callback(
                 id=str(uuid.uuid4()),
                 subject=str(body["requestId"]),
@@ -150,6 +161,7 @@ def _replier(sandbox: Sandbox, message: Message) -> Any:
                 due_at=sandbox.clock.now(),
             )
         )
+        message.callbacks.append(callback.id)
 
     return reply
 

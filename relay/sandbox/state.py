@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+FINISHED = frozenset({"delivered", "given-up", "cancelled"})
+"""Callback states after which nothing more happens."""
 ANSWER_EXCERPT = 500
 """How much of a receiver's answer body an attempt keeps (characters)."""
 
@@ -155,6 +157,22 @@ class State:
         self.calls.clear()
         self.callbacks.clear()
         self.changed()
+
+    def forget_finished(self, keep: int) -> bool:
+        """Forget the oldest finished messages (final state, callbacks all done) and their
+        callbacks until fewer than ``keep`` remain; whether there is room now."""
+        if len(self.messages) < keep:
+            return True
+        for request_id, message in list(self.messages.items()):
+            if len(self.messages) < keep:
+                break
+            callbacks = [self.callbacks.get(c) for c in message.callbacks]
+            done = all(c is None or c.state in FINISHED for c in callbacks)
+            if message.done_at is not None and done and not message.held:
+                del self.messages[request_id]
+                for callback_id in message.callbacks:
+                    self.callbacks.pop(callback_id, None)
+        return len(self.messages) < keep
 
     def callbacks_of(self, subject: str) -> list[Callback]:
         """The callbacks about one record, in the order they were scheduled."""
