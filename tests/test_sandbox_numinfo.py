@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from receivers.payloads.numinfo import GnpResult, GnvResult
+from relay.sandbox.stepped_clock import SteppedClock
 from tests.sandbox_support import API_KEY, START, sandbox_api
 from tests.support import Answer, Sink
 
@@ -204,3 +205,24 @@ async def test_the_control_api_lists_lookups_with_their_callbacks(sink: Sink) ->
     [lookup] = listed
     assert (lookup["product"], lookup["outcome"]) == ("gnv", "absent-subscriber")
     assert [a["statusCode"] for a in lookup["callbacks"][0]["attempts"]] == [200]
+
+
+async def test_beyond_max_messages_the_oldest_finished_lookups_are_forgotten() -> None:
+    async with sandbox_api(max_messages=2) as api:
+        ids = [
+            (await api.client.get("/nis/v1/gnp", params={"msisdn": f"+491511234567{n}"})).json()[
+                "requestId"
+            ]
+            for n in range(3)
+        ]
+        assert list(api.sandbox.state.lookups) == ids[1:]
+
+
+async def test_when_every_kept_lookup_is_under_way_a_new_one_is_a_503() -> None:
+    params = {"msisdn": "+4915112345678", "callbackUrl": "http://127.0.0.1:9/x"}
+    async with sandbox_api(SteppedClock(START), max_messages=1) as api:
+        first = await api.client.get("/nis/v1/gnp", params=params)
+        second = await api.client.get("/nis/v1/gnp", params=params)
+        assert list(api.sandbox.state.lookups) == [first.json()["requestId"]]
+    assert second.status_code == 503
+    assert second.headers["retry-after"] == "1"

@@ -200,3 +200,15 @@ async def test_the_control_api_lists_calls() -> None:
         await api.sandbox.scheduler.idle()
         [listed] = (await api.client.get("/_sandbox/calls")).json()["calls"]
     assert (listed["status"], listed["answered"]) == ("hangup", False)
+
+
+async def test_beyond_max_messages_ended_calls_are_forgotten_and_live_ones_kept() -> None:
+    clock = SteppedClock(START)
+    async with sandbox_api(clock, max_messages=1) as api:
+        first = (await api.client.post("/tts/v1/calls", json=call())).json()["callId"]
+        refused = await api.client.post("/tts/v1/calls", json=call())
+        clock.advance(timedelta(minutes=5))
+        await eventually(lambda: api.sandbox.state.calls[first].status == "completed")
+        second = (await api.client.post("/tts/v1/calls", json=call())).json()["callId"]
+        assert list(api.sandbox.state.calls) == [second]
+    assert refused.status_code == 503

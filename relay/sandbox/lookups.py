@@ -17,6 +17,7 @@ from typing import Any
 
 from receivers.kinds import KINDS_BY_NAME
 from relay.sandbox import checks, numbers
+from relay.sandbox.room import make_room
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.state import Callback
 from relay.simulator import factories
@@ -50,6 +51,8 @@ def lookup(
     schedule the result's callback."""
     msisdn = checks.international(fields, "msisdn")
     url = checks.callback_url(fields, "callbackUrl")
+    state = sandbox.state
+    make_room(state.lookups, state.callbacks, sandbox.settings.max_messages, _done, "lookups")
     row = numbers.BY_NUMBER.get(msisdn)
     outcome = row.outcome if row is not None and row.product == product else "default"
     request_id = str(uuid.uuid4())
@@ -77,6 +80,11 @@ def lookup(
     record.callbacks.append(callback.id)
     sandbox.scheduler.schedule(callback)
     return {"requestId": request_id, "msisdn": msisdn, "synchronous": False}
+
+
+def _done(record: Lookup) -> bool:
+    """A lookup is done once its callback (if any) is."""
+    return True
 
 
 def number_information(

@@ -15,6 +15,7 @@ from typing import Any
 
 from receivers.kinds import KINDS_BY_NAME
 from relay.sandbox import checks, numbers
+from relay.sandbox.room import make_room
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.sms_request import invalid
 from relay.sandbox.state import Callback, iso
@@ -136,6 +137,8 @@ def parse_call(fields: Mapping[str, Any]) -> CallRequest:
 
 def start_call(sandbox: Sandbox, request: CallRequest, chaos: frozenset[str]) -> Call:
     """Record a call and plan its events; the TextToSpeechResponse is :func:`response`."""
+    state = sandbox.state
+    make_room(state.calls, state.callbacks, sandbox.settings.max_messages, _ended, "calls")
     row = numbers.BY_NUMBER.get(request.to)
     answered = not (row is not None and row.product == "tts" and row.outcome == "not-answered")
     call = Call(str(uuid.uuid4()), request, sandbox.clock.now(), answered)
@@ -144,6 +147,10 @@ def start_call(sandbox: Sandbox, request: CallRequest, chaos: frozenset[str]) ->
         sandbox.scheduler.at(call.started_at + offset, _happen(sandbox, call, status, chaos))
     sandbox.state.changed()
     return call
+
+
+def _ended(call: Call) -> bool:
+    return call.status in ("completed", "hangup")
 
 
 def timeline(request: CallRequest, answered: bool) -> list[tuple[timedelta, str]]:
