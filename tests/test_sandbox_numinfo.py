@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -226,3 +226,9 @@ async def test_when_every_kept_lookup_is_under_way_a_new_one_is_a_503() -> None:
         assert list(api.sandbox.state.lookups) == [first.json()["requestId"]]
     assert second.status_code == 503
     assert second.headers["retry-after"] == "1"
+
+
+async def test_the_price_applies_from_the_month_of_the_sandbox_clock() -> None:
+    async with sandbox_api(SteppedClock(datetime(2025, 3, 15, 9, 30, tzinfo=UTC))) as api:
+        body = (await api.client.get("/nis/v1/gnv", params={"msisdn": "+4915112345678"})).json()
+    assert body["priceEffective"] == "2025-03-01T00:00:00.000Z"

@@ -19,7 +19,7 @@ from receivers.kinds import KINDS_BY_NAME
 from relay.sandbox import checks, numbers
 from relay.sandbox.room import make_room
 from relay.sandbox.sandbox import Sandbox
-from relay.sandbox.state import Callback
+from relay.sandbox.state import Callback, iso
 from relay.simulator import factories
 
 PRODUCTS = ("gnp", "gnv")
@@ -57,6 +57,8 @@ def lookup(
     outcome = row.outcome if row is not None and row.product == product else "default"
     request_id = str(uuid.uuid4())
     result = number_information(product, msisdn, outcome, synchronous=url is None)
+    month = sandbox.clock.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    result["priceEffective"] = iso(month)  # the platform's month, not the machine's
     result["requestId"] = request_id
     record = Lookup(request_id, product, msisdn, sandbox.clock.now(), result, url, outcome)
     sandbox.state.lookups[request_id] = record
