@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from relay.console.web import SECURITY_HEADERS
-from relay.sandbox.page import COOKIE, PAGE
+from relay.sandbox.page import ATTEMPTS_SHOWN, COOKIE, PAGE
 from tests.sandbox_support import API_KEY, Api, sandbox_api
 from tests.support import Answer, Sink
 
@@ -218,3 +218,18 @@ async def test_wrong_methods_are_405(method: str, path: str) -> None:
     async with sandbox_api() as api:
         answer = await api.client.request(method, path)
     assert answer.status_code == 405
+
+
+async def test_only_the_latest_attempts_of_a_failing_callback_are_shown(sink: Sink) -> None:
+    sink.answers["/hook"] = Answer(status=500, body=b"attempt-answer")
+    async with sandbox_api() as api:
+        await api.client.get(
+            "/nis/v1/gnp", params={"msisdn": "+4915112345678", "callbackUrl": sink.url()}
+        )
+        await api.sandbox.scheduler.idle()
+        [callback] = api.sandbox.state.callbacks.values()
+        page = await api.client.get(PAGE)
+    hidden = len(callback.attempts) - ATTEMPTS_SHOWN
+    assert hidden > 0
+    assert page.text.count("attempt-answer") == ATTEMPTS_SHOWN
+    assert f"{hidden} earlier attempts not shown" in page.text

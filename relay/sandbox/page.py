@@ -40,6 +40,8 @@ MAX_FORM_BYTES = 4096
 MAX_FORM_FIELDS = 8
 SHOWN = 100
 """Records of each kind on the page (the newest)."""
+ATTEMPTS_SHOWN = 10
+"""Attempts of each callback on the page (the latest): a failing one has thousands in 48 h."""
 HERE = Path(__file__).parent
 STYLESHEET = HERE.parent / "console" / "static" / "console.css"
 
@@ -170,6 +172,7 @@ def page_routes(sandbox: Sandbox) -> list[Route]:
             now=iso(sandbox.clock.now()),
             more=more,
             inbound=False,
+            attempts_shown=ATTEMPTS_SHOWN,
             notice=_notice(request),
             **{k: list(reversed(v[-SHOWN:])) for k, v in records.items()},
         )
