@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from relay.sandbox.settings import ChaosSettings, SandboxSettings
 from relay.sandbox.testing import PlatformApi
 from tests.snippet_support import ROOT
 from tests.support import Sink
@@ -136,3 +137,19 @@ def test_reset_forgets_and_stop_closes_the_port() -> None:
 def test_the_fixture_is_registered_by_the_plugin(pytestconfig: pytest.Config) -> None:
     plugin = pytestconfig.pluginmanager.get_plugin("relay_platform")
     assert plugin is not None and hasattr(plugin, "platform_api")
+
+
+def test_a_sandbox_of_ones_own_settings() -> None:
+    settings = SandboxSettings(api_key="my-key", chaos=ChaosSettings(api_500=1.0))
+    api = PlatformApi(settings)
+    try:
+        answer = httpx.post(
+            f"{api.base_url}/messaging/v1/sms",
+            headers={"apikey": "my-key"},
+            json={"to": "+4915112345678", "from": "ACME", "message": "hi"},
+        )
+    finally:
+        api.stop()
+    assert api.api_key == "my-key"
+    assert answer.status_code == 500
+    assert answer.headers["content-type"] == "application/problem+json"

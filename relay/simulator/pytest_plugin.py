@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from relay.sandbox.testing import PlatformApi
 from relay.simulator.testing import PlatformSimulator
+
+if TYPE_CHECKING:
+    from relay.sandbox.testing import PlatformApi
 
 
 @pytest.fixture
@@ -21,6 +24,8 @@ def platform_api() -> Iterator[PlatformApi]:
     """The platform's API in a box (``relay sandbox``) on 127.0.0.1, for the app under test:
     ``base_url``, ``api_key``, ``messages``, ``wait_for(...)``, ``callbacks``, and a clock
     that moves with ``advance(...)``. Stopped after the test."""
+    from relay.sandbox.testing import PlatformApi  # the sandbox loads only for tests using it
+
     api = PlatformApi()
     try:
         yield api
