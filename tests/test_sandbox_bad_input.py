@@ -214,7 +214,7 @@ async def test_a_wrong_method_is_a_405_problem(method: str, path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/messaging/v1/sms/", "/messaging/v2/sms", "/nis/v1/gnp", "/_sandbox"]
+    "path", ["/", "/messaging/v1/sms/", "/messaging/v2/sms", "/nis/v1/gnx", "/_sandbox"]
 )
 async def test_an_unknown_path_is_a_404_problem(path: str) -> None:
     async with sandbox_api() as api:

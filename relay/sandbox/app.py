@@ -17,6 +17,8 @@ from starlette.routing import Route
 from receivers.problems import Problem
 from relay.sandbox import sms
 from relay.sandbox.control import control_routes
+from relay.sandbox.page import page_routes
+from relay.sandbox.products import product_routes
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.sms_request import invalid, parse_sms
 from relay.sandbox.web import (
@@ -108,6 +110,8 @@ def build_app(sandbox: Sandbox) -> Starlette:
         Route("/messaging/v1/messages/{requestId}", platform(status), methods=["GET"]),
         Route("/messaging/v1/conversion", platform(conversion), methods=["POST"]),
         *control_routes(sandbox),
+        *product_routes(sandbox, platform),
+        *page_routes(sandbox),
     ]
     app = Starlette(
         routes=routes,

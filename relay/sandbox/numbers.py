@@ -87,17 +87,29 @@ NUMBERS: tuple[MagicNumber, ...] = (
         "027",
         "Absent subscriber",
     ),
-    MagicNumber("+99900000010", "gnp", "ported", "Ported to another operator.", implemented=False),
-    MagicNumber("+99900000011", "gnp", "not-ported", "Not ported.", implemented=False),
+    MagicNumber(
+        "+99900000010",
+        "gnp",
+        "ported",
+        "Portability check: ported to another operator (ported true).",
+    ),
+    MagicNumber(
+        "+99900000011",
+        "gnp",
+        "not-ported",
+        "Portability check: not ported (ported false), as any other number.",
+    ),
     MagicNumber(
         "+99900000012",
         "gnv",
         "absent-subscriber",
-        "HLR lookup: the subscriber is absent.",
-        implemented=False,
+        "HLR lookup: the subscriber is absent (presence false, errorCode 027).",
     ),
     MagicNumber(
-        "+99900000020", "tts", "not-answered", "The call rings, nobody answers.", implemented=False
+        "+99900000020",
+        "tts",
+        "not-answered",
+        "The call rings, nobody answers: started, ringing, hangup after 30 s.",
     ),
 )
 

@@ -1,0 +1,48 @@
+"""Field checks shared by the number information and text-to-speech requests: each refusal is
+the 400 problem naming the field (:func:`relay.sandbox.sms_request.invalid`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from relay.sandbox.settings import http_url
+from relay.sandbox.sms_request import INTERNATIONAL, MAX_URL, invalid
+
+
+def text(fields: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
+    """A string field; missing or empty is None (or 400 when ``required``)."""
+    value = fields.get(name)
+    if value is None or value == "":
+        if required:
+            raise invalid(name, "is required")
+        return None
+    if not isinstance(value, str):
+        raise invalid(name, "must be a string")
+    return value
+
+
+def international(fields: Mapping[str, Any], name: str) -> str:
+    """A required number in international format (``+`` and 7 to 15 digits)."""
+    value = text(fields, name, required=True) or ""
+    if not INTERNATIONAL.fullmatch(value):
+        raise invalid(name, "must be a number in international format (+ and 7 to 15 digits)")
+    return value
+
+
+def callback_url(fields: Mapping[str, Any], name: str) -> str | None:
+    """An optional http(s) URL with a host (empty: none)."""
+    value = text(fields, name)
+    if value is None:
+        return None
+    if len(value) > MAX_URL:
+        raise invalid(name, f"has more than {MAX_URL} characters")
+    if not value.isprintable() or " " in value:
+        raise invalid(name, "must be an http(s) URL with a host")
+    try:
+        http_url(value)
+        urlsplit(value).port  # noqa: B018 (raises ValueError for a port out of range)
+    except ValueError as exc:
+        raise invalid(name, str(exc)) from None
+    return value
