@@ -213,7 +213,9 @@ async def unhelpful_nats(mode: str) -> AsyncIterator[str]:
     ("mode", "timeout", "expected"),
     [
         ("stall", 3, "timeout: the server asked for TLS and did not complete the handshake wit"),
-        ("stall", 1, "timeout after 1.0s: the server asked for TLS and did not complete the h"),
+        # the second attempt may end on nats-py's own 2 s connect timeout of its retry in the
+        # background (a busy machine) instead of its 1 s: either names the stall
+        ("stall", 1, "the server asked for TLS and did not complete the handshake"),
         ("reset", 3, "during the TLS handshake"),
         ("mute", 3, "timeout"),
     ],
@@ -226,6 +228,8 @@ async def test_a_failed_tls_handshake_is_named_as_such(
         async with nats_destination(config) as sender:
             first = await sender.deliver(outbound(), timeout=timeout)
             second = await sender.deliver(outbound(), timeout=timeout)
+    if timeout < 2:  # the first attempt ends before any timeout of nats-py's
+        assert first.error is not None and first.error.startswith("timeout after 1.0s: ")
     for outcome in (first, second):
         assert not outcome.ok and outcome.error is not None
         assert expected in outcome.error
