@@ -18,6 +18,7 @@ from relay.sandbox.inbound_sms import CONCATENATION_WAIT, DEFAULT_SENDER
 from relay.sandbox.page import ATTEMPTS_SHOWN, PAGE
 from relay.sandbox.settings import SandboxSettingsError, load_sandbox_settings
 from relay.sandbox.state import ATTEMPTS_LISTED, Callback, CallbackAttempt
+from relay.sandbox.stepped_clock import SteppedClock
 from tests.sandbox_support import API_KEY, START, Api, reports, sandbox_api
 from tests.support import Answer, Sink
 from tests.test_sandbox_page import csrf_of, log_in
@@ -106,6 +107,18 @@ async def test_parts_cuts_the_text_and_a_missing_part_is_marked_and_waited_for(
     assert (body["size"], body["missingParts"]) == (3, True)
     assert [p["sequenceNumber"] for p in body["contentList"]] == [1, 3]
     assert callback.attempts[0].sent_at == START + CONCATENATION_WAIT
+
+
+async def test_the_page_shows_when_an_inbound_sms_waiting_for_its_parts_is_due(
+    sink: Sink,
+) -> None:
+    async with inbound_api(sink, clock=SteppedClock(START)) as api:
+        await send(api, message="abcdef", parts=2, missing=[1])
+        await api.sandbox.scheduler.idle()
+        page = await api.client.get(PAGE)
+    assert "Not sent yet: due at 2026-11-26T12:10:00.000Z." in page.text
+    assert "Parts</dt><dd>2 (missing: 1)" in page.text
+    assert sink.requests == []
 
 
 async def test_without_an_inbound_url_it_is_a_409_problem_saying_how_to_set_one() -> None:

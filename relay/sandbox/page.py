@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from receivers.problems import Problem
-from relay.console.web import SECURITY_HEADERS
+from relay.console.web import SECURITY_HEADERS as CONSOLE_HEADERS
 from relay.sandbox import control, inbound_sms, lookups, tts
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.state import iso
@@ -43,6 +43,16 @@ SHOWN = 100
 """Records of each kind on the page (the newest)."""
 ATTEMPTS_SHOWN = 10
 """Attempts of each callback on the page (the latest): a failing one has thousands in 48 h."""
+SECURITY_HEADERS = {
+    **CONSOLE_HEADERS,
+    "content-security-policy": "; ".join(
+        directive
+        for directive in CONSOLE_HEADERS["content-security-policy"].split("; ")
+        if not directive.startswith(("script-src", "connect-src"))
+    ),
+}
+"""The console's headers, its Content-Security-Policy without the directives of the console's
+live script: the page has no script at all (``default-src 'none'`` forbids every one)."""
 HERE = Path(__file__).parent
 STYLESHEET = HERE.parent / "console" / "static" / "console.css"
 
