@@ -9,8 +9,8 @@ import re
 import httpx
 import pytest
 
-from relay.console.web import SECURITY_HEADERS
-from relay.sandbox.page import ATTEMPTS_SHOWN, COOKIE, PAGE
+from relay.console.web import SECURITY_HEADERS as CONSOLE_HEADERS
+from relay.sandbox.page import ATTEMPTS_SHOWN, COOKIE, PAGE, SECURITY_HEADERS
 from tests.sandbox_support import API_KEY, Api, sandbox_api
 from tests.support import Answer, Sink
 
@@ -143,7 +143,12 @@ async def test_every_answer_carries_the_consoles_security_headers() -> None:
     for answer in answers:
         for name, value in SECURITY_HEADERS.items():
             assert answer.headers[name] == value
-    assert "script-src" not in SECURITY_HEADERS["content-security-policy"]
+    policy = SECURITY_HEADERS["content-security-policy"]
+    assert "script-src" not in policy and "connect-src" not in policy
+    assert policy.startswith("default-src 'none'; ") and "style-src 'self'" in policy
+    assert {k: v for k, v in SECURITY_HEADERS.items() if k != "content-security-policy"} == {
+        k: v for k, v in CONSOLE_HEADERS.items() if k != "content-security-policy"
+    }
     assert "<script" not in answers[0].text
 
 

@@ -63,7 +63,9 @@ def parse_chaos(values: tuple[str, ...]) -> dict[str, float]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="A TOML file of sandbox settings (the options override it).",
 )
-@click.option("--inbound-url", help="Where inbound SMS (replies) are sent.")
+@click.option(
+    "--inbound-url", help="Where inbound SMS are sent (replies, and those sent on request)."
+)
 @click.option(
     "--chaos",
     multiple=True,

@@ -1,6 +1,8 @@
 """The control API, for tests and people: under ``/_sandbox/`` (no platform path starts with an
 underscore), same apikey. List messages with their callbacks and the receiver's answers, wait for
-a message (long-poll), send a callback again, list the magic numbers, reset."""
+a message (long-poll), send a callback again, send an inbound SMS, list the magic numbers, reset.
+Each callback lists at most the first and the latest of its attempts
+(:data:`~relay.sandbox.state.ATTEMPTS_LISTED`), with the count of all."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from receivers.problems import Problem
-from relay.sandbox import numbers
+from relay.sandbox import inbound_sms, numbers
 from relay.sandbox.sms import report
 from relay.sandbox.state import Message, iso
-from relay.sandbox.web import authorize, json_response, single_query
+from relay.sandbox.web import authorize, json_response, read_json_object, single_query
 
 if TYPE_CHECKING:
     from relay.sandbox.sandbox import Sandbox
@@ -138,6 +140,16 @@ def control_routes(sandbox: Sandbox) -> list[Route]:
         sandbox.scheduler.resend(callback)
         return json_response(callback.as_json(), status=202)
 
+    async def inbound(request: Request) -> Response:
+        single_query(request)
+        if request.method != "POST":
+            found = [inbound_sms.inbound_json(sandbox, r) for r in sandbox.state.inbound.values()]
+            return json_response({"inbound": found})
+        fields = await read_json_object(request)
+        parsed = inbound_sms.parse_inbound(fields, sandbox.settings.inbound_number)
+        record = inbound_sms.send_inbound(sandbox, parsed)
+        return json_response(inbound_sms.inbound_json(sandbox, record), status=202)
+
     async def reset(request: Request) -> Response:
         sandbox.reset()
         return Response(status_code=204, headers={"cache-control": "no-store"})
@@ -160,6 +172,7 @@ def control_routes(sandbox: Sandbox) -> list[Route]:
         Route(f"{PREFIX}/messages/wait", guarded(wait_for_message), methods=["GET"]),
         Route(f"{PREFIX}/callbacks", guarded(list_callbacks), methods=["GET"]),
         Route(f"{PREFIX}/callbacks/{{id}}/resend", guarded(resend), methods=["POST"]),
+        Route(f"{PREFIX}/inbound", guarded(inbound), methods=["GET", "POST"]),
         Route(f"{PREFIX}/reset", guarded(reset), methods=["POST"]),
         Route(f"{PREFIX}/numbers", guarded(magic_numbers), methods=["GET"]),
         Route(f"{PREFIX}/idle", guarded(idle), methods=["GET"]),

@@ -1,5 +1,6 @@
 """The sandbox's watching page (``/_sandbox/page``): the messages, lookups and calls the app
-made, each callback with its attempts and the receiver's answers, and a "Send again" button.
+made and the inbound SMS sent, each callback with its attempts and the receiver's answers, a
+"Send again" button, and a form that sends an inbound SMS.
 
 Same rules as the relay's console: Jinja2 autoescapes every value (a receiver's answer is
 attacker-controlled), every answer carries the console's strict Content-Security-Policy (no
@@ -27,8 +28,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from receivers.problems import Problem
-from relay.console.web import SECURITY_HEADERS
-from relay.sandbox import control, lookups, tts
+from relay.console.web import SECURITY_HEADERS as CONSOLE_HEADERS
+from relay.sandbox import control, inbound_sms, lookups, tts
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.state import iso
 
@@ -42,6 +43,16 @@ SHOWN = 100
 """Records of each kind on the page (the newest)."""
 ATTEMPTS_SHOWN = 10
 """Attempts of each callback on the page (the latest): a failing one has thousands in 48 h."""
+SECURITY_HEADERS = {
+    **CONSOLE_HEADERS,
+    "content-security-policy": "; ".join(
+        directive
+        for directive in CONSOLE_HEADERS["content-security-policy"].split("; ")
+        if not directive.startswith(("script-src", "connect-src"))
+    ),
+}
+"""The console's headers, its Content-Security-Policy without the directives of the console's
+live script: the page has no script at all (``default-src 'none'`` forbids every one)."""
 HERE = Path(__file__).parent
 STYLESHEET = HERE.parent / "console" / "static" / "console.css"
 
@@ -155,27 +166,37 @@ def page_routes(sandbox: Sandbox) -> list[Route]:
     def login_page(status: int = 200, message: str = "") -> Response:
         return html(status, title="Log in", login=True, csrf="", message=message)
 
-    async def show(request: Request) -> Response:
-        nonce = access.session(request)
-        if nonce is None and not access.by_header(request):
-            return login_page(401)
+    def records_page(
+        nonce: str | None, *, status: int = 200, notice: str = "", error: str = ""
+    ) -> Response:
         state = sandbox.state
         records = {
             "messages": [control.message_json(sandbox, m) for m in state.messages.values()],
             "lookups": [lookups.lookup_json(sandbox, r) for r in state.lookups.values()],
             "calls": [tts.call_json(sandbox, c) for c in state.calls.values()],
+            "inbound": [inbound_sms.inbound_json(sandbox, r) for r in state.inbound.values()],
         }
         more = {k: len(v) for k, v in records.items() if len(v) > SHOWN}
         return html(
+            status,
             title="Sandbox",
             csrf=access.csrf(nonce) if nonce else "",
             now=iso(sandbox.clock.now()),
             more=more,
-            inbound=False,
+            inbound_url=sandbox.settings.inbound_url,
+            provisioned=sandbox.settings.inbound_number,
+            default_sender=inbound_sms.DEFAULT_SENDER,
             attempts_shown=ATTEMPTS_SHOWN,
-            notice=_notice(request),
+            notice=notice,
+            error=error,
             **{k: list(reversed(v[-SHOWN:])) for k, v in records.items()},
         )
+
+    async def show(request: Request) -> Response:
+        nonce = access.session(request)
+        if nonce is None and not access.by_header(request):
+            return login_page(401)
+        return records_page(nonce, notice=_notice(request))
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
@@ -224,6 +245,21 @@ def page_routes(sandbox: Sandbox) -> list[Route]:
         sandbox.scheduler.resend(callback)
         return RedirectResponse(f"{PAGE}?sent=1", status_code=303, headers=SECURITY_HEADERS)
 
+    async def send_inbound(request: Request) -> Response:
+        fields = await checked(request)
+        wanted = {k: v for k, v in fields.items() if k != "csrf"}
+        try:
+            parsed = inbound_sms.parse_inbound(
+                wanted, sandbox.settings.inbound_number, inbound_sms.FORM_FIELDS
+            )
+            inbound_sms.send_inbound(sandbox, parsed)
+        except Problem as problem:
+            if problem.status not in (400, 409, 503):
+                raise
+            nonce = access.session(request)
+            return records_page(nonce, status=problem.status, error=problem.detail)
+        return RedirectResponse(f"{PAGE}?inbound=1", status_code=303, headers=SECURITY_HEADERS)
+
     async def css(request: Request) -> Response:
         return Response(stylesheet, media_type="text/css", headers=SECURITY_HEADERS)
 
@@ -232,9 +268,19 @@ def page_routes(sandbox: Sandbox) -> list[Route]:
         Route(f"{PAGE}/login", login, methods=["GET", "POST"]),
         Route(f"{PAGE}/logout", logout, methods=["POST"]),
         Route(f"{PAGE}/callbacks/{{id}}/resend", resend, methods=["POST"]),
+        Route(f"{PAGE}/inbound", send_inbound, methods=["POST"]),
         Route(f"{PAGE}/console.css", css, methods=["GET"]),
     ]
 
 
+NOTICES = {
+    "sent": "Sent again: see its new attempt.",
+    "inbound": "Inbound SMS sent to the inbound URL: see it under Inbound SMS.",
+}
+"""The page's notices after a form, by query parameter (``?sent=1``): fixed texts, so nothing
+of the URL is ever shown."""
+
+
 def _notice(request: Request) -> str:
-    return "Sent again: see its new attempt." if request.query_params.get("sent") == "1" else ""
+    shown = [text for name, text in NOTICES.items() if request.query_params.get(name) == "1"]
+    return shown[0] if shown else ""

@@ -3,6 +3,7 @@ and its chaos. Read from a TOML file (``--config``) with the command line's opti
 
 from __future__ import annotations
 
+import re
 import tomllib
 from datetime import timedelta
 from pathlib import Path
@@ -13,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from relay.durations import Duration
 
+INTERNATIONAL = re.compile(r"\+[1-9][0-9]{6,14}")
+"""A number in international format: ``+``, then 7 to 15 digits, no leading 0."""
 CHAOS_NAMES = ("api-429", "api-500", "duplicate", "out-of-order", "slow")
 """The kinds of chaos, as named in the ``X-Sandbox-Chaos`` header and ``--chaos``."""
 API_CHAOS = frozenset({"api-429", "api-500"})
@@ -60,7 +63,11 @@ class SandboxSettings(BaseModel):
     time_scale: float = Field(default=1.0, gt=0, le=1000)
     """Platform time runs ``1 / time_scale`` times faster (0.001: 48 h in ~3 min)."""
     inbound_url: str | None = None
-    """Where inbound SMS (a magic number's reply) are sent; none: they are not sent."""
+    """Where inbound SMS (a magic number's reply, the control API's) are sent; none: they are
+    not sent."""
+    inbound_number: str = "+99955500000"
+    """The sandbox's provisioned number: the ``to`` of an inbound SMS sent on request without
+    one (made up: +999 is no country's code)."""
     validity: Duration = timedelta(hours=48)
     """How long an SMS without ``validity`` stays deliverable (an assumption: not published)."""
     max_messages: int = Field(default=10_000, ge=1, le=1_000_000)
@@ -80,6 +87,13 @@ class SandboxSettings(BaseModel):
     @classmethod
     def _inbound_url(cls, value: str | None) -> str | None:
         return http_url(value)
+
+    @field_validator("inbound_number")
+    @classmethod
+    def _inbound_number(cls, value: str) -> str:
+        if not INTERNATIONAL.fullmatch(value):
+            raise ValueError("must be a number in international format (+ and 7 to 15 digits)")
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -15,9 +15,8 @@ from typing import Any
 
 from receivers.problems import Problem
 from relay.sandbox.segments import Segmented, segment
-from relay.sandbox.settings import http_url
+from relay.sandbox.settings import INTERNATIONAL, http_url
 
-INTERNATIONAL = re.compile(r"\+[1-9][0-9]{6,14}")
 ALPHANUMERIC = re.compile(r"[A-Za-z0-9 ._&-]{1,11}")
 MAX_TEXT = 10_000
 """Characters; longer texts are refused (the platform's bound is not published)."""

@@ -16,6 +16,9 @@ FINISHED = frozenset({"delivered", "given-up", "cancelled"})
 """Callback states after which nothing more happens."""
 ANSWER_EXCERPT = 500
 """How much of a receiver's answer body an attempt keeps (characters)."""
+ATTEMPTS_LISTED = 100
+"""Attempts of one callback in the control API's answers: the first and the latest 99 (a
+callback failing for 48 h on the platform-sms schedule has 17,000)."""
 
 
 @dataclass
@@ -62,8 +65,10 @@ class Callback:
     duplicate: bool = False
     """Chaos: once accepted, sent a second time (as the platform may)."""
 
-    def as_json(self) -> dict[str, Any]:
-        """The callback for the control API."""
+    def as_json(self, limit: int = ATTEMPTS_LISTED) -> dict[str, Any]:
+        """The callback for the control API: at most ``limit`` attempts, the first and the
+        latest, with ``attemptCount`` (all of them) and ``attemptsOmitted`` (left out)."""
+        shown = listed_attempts(self.attempts, limit)
         return {
             "id": self.id,
             "subject": self.subject,
@@ -89,9 +94,18 @@ class Callback:
                     "duplicate": a.duplicate,
                     "resent": a.resent,
                 }
-                for a in self.attempts
+                for a in shown
             ],
+            "attemptCount": len(self.attempts),
+            "attemptsOmitted": len(self.attempts) - len(shown),
         }
+
+
+def listed_attempts(attempts: list[CallbackAttempt], limit: int) -> list[CallbackAttempt]:
+    """At most ``limit`` (at least 2) of ``attempts``: the first and the latest."""
+    if len(attempts) <= limit:
+        return attempts
+    return [attempts[0], *attempts[len(attempts) - (limit - 1) :]]
 
 
 @dataclass
@@ -133,6 +147,8 @@ class State:
     messages: dict[str, Message] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)
     calls: dict[str, Any] = field(default_factory=dict)
+    inbound: dict[str, Any] = field(default_factory=dict)
+    """Inbound SMS sent on request (control API, page), by requestId."""
     callbacks: dict[str, Callback] = field(default_factory=dict)
     _news: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -155,6 +171,7 @@ class State:
         self.messages.clear()
         self.lookups.clear()
         self.calls.clear()
+        self.inbound.clear()
         self.callbacks.clear()
         self.changed()
 
