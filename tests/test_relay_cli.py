@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from redis import Redis
-from sqlalchemy import update
+from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
 from relay import outbox
 from relay.cli import main
 from relay.commands import outbox as outbox_commands
+from relay.console.wording import attempt_outcome
 from relay.dispatch.jobs import QUEUE_NAME
 from relay.observe import progress
 from relay.outbox import replaying
@@ -248,6 +249,44 @@ async def migrated_dead_deliveries(url: str, count: int) -> list[str]:
         return await dead_deliveries(engine, count)
     finally:
         await engine.dispose()
+
+
+async def broker_attempts(url: str) -> str:
+    """A delivery with two attempts of a broker (no HTTP status): one failed, one delivered."""
+    [delivery_id] = await migrated_dead_deliveries(url, 1)
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(outbox.ATTEMPTS),
+                [
+                    {
+                        "delivery_id": delivery_id,
+                        "number": number,
+                        "started_at": Clock()(),
+                        "duration_ms": 1.5,
+                        "status_code": None,
+                        "error": error,
+                    }
+                    for number, error in [(1, "connection refused by the broker"), (2, None)]
+                ],
+            )
+    finally:
+        await engine.dispose()
+    return delivery_id
+
+
+def test_deliveries_show_words_a_broker_attempt_as_the_console_does(tmp_path: Path) -> None:
+    url, config = replay_config(tmp_path)
+    delivery_id = asyncio.run(broker_attempts(url))
+
+    shown = relay("deliveries", "show", delivery_id, "--config", str(config))
+
+    assert [row["OUTCOME"] for row in table(shown, first="#")] == [
+        "connection refused by the broker",
+        attempt_outcome(None, None),
+    ]
+    assert attempt_outcome(None, None) == "delivered"
 
 
 def test_replay_shows_a_progress_bar_on_a_terminal_only(

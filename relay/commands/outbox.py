@@ -21,6 +21,7 @@ from relay.commands.common import (
 )
 from relay.commands.escape import shown
 from relay.commands.tables import echo_fields, echo_table, moment
+from relay.console.wording import attempt_outcome
 from relay.dispatch.jobs import open_pool
 from relay.observe.progress import Bar
 from relay.outbox.records import KEEP_FIRST_ATTEMPTS, KEEP_LAST_ATTEMPTS
@@ -68,7 +69,7 @@ def deliveries_list(
                 row["destination"],
                 row["status"],
                 row["attempts"],
-                moment(row["next_attempt_at"]),
+                next_attempt(row),
                 last_outcome(row["last_status_code"], row["last_error"]),
             ]
             for row in rows
@@ -76,9 +77,25 @@ def deliveries_list(
     )
 
 
+WAITING_IN_LINE = "waiting in line"
+"""The next attempt of a pending delivery whose key's line has an earlier delivery to go first
+(its due time may be past: it goes when those before it are done)."""
+
+
+def next_attempt(row: dict[str, Any]) -> str | None:
+    """A delivery's NEXT ATTEMPT cell: its due time, or :data:`WAITING_IN_LINE`."""
+    return WAITING_IN_LINE if row.get("waiting_in_line") else moment(row["next_attempt_at"])
+
+
 def last_outcome(status_code: int | None, error: str | None) -> str | None:
     """What an attempt ended with, in a cell: ``HTTP 503``, or its error."""
     return f"HTTP {status_code}" if status_code is not None else error
+
+
+def attempt_cell(status_code: int | None, error: str | None) -> str:
+    """An attempt's OUTCOME cell: ``HTTP 200``, its error, or (a broker's publish, which has
+    no HTTP status) "delivered" as the console words it."""
+    return last_outcome(status_code, error) or attempt_outcome(status_code, error)
 
 
 @deliveries.command("show")
@@ -113,7 +130,7 @@ def deliveries_show(delivery_id: str, as_json: bool, config_file: str | None) ->
                     attempt["number"],
                     moment(attempt["started_at"], milliseconds=True),
                     f"{attempt['duration_ms']:.1f} ms",
-                    last_outcome(attempt["status_code"], attempt["error"]),
+                    attempt_cell(attempt["status_code"], attempt["error"]),
                 ]
                 for attempt in kept
             ),
