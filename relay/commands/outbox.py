@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import ID_FORMAT
 from relay import outbox
+from relay.commands.action_log import ActionLog, os_user
 from relay.commands.common import (
     config_option,
     enqueue,
@@ -23,6 +24,13 @@ from relay.commands.escape import shown
 from relay.commands.tables import echo_fields, echo_table, moment
 from relay.console.wording import attempt_outcome
 from relay.dispatch.jobs import open_pool
+from relay.observe.operator_actions import (
+    COMMAND_LINE,
+    enabled,
+    filter_text,
+    ids_text,
+    replayed,
+)
 from relay.observe.progress import Bar
 from relay.outbox.records import KEEP_FIRST_ATTEMPTS, KEEP_LAST_ATTEMPTS
 from relay.outbox.tables import DELIVERY_STATUSES
@@ -172,6 +180,7 @@ def deliveries_replay(
     if not delivery_ids and status is None:
         raise click.UsageError("give delivery ids, or --status (e.g. --status dead)")
     settings = load_settings_or_exit(config_file)
+    action_log = ActionLog.of(settings)
     since_utc = since.replace(tzinfo=UTC) if since else None
 
     async def replay(engine: AsyncEngine) -> int:
@@ -189,10 +198,34 @@ def deliveries_replay(
         return len(due)
 
     count = run(with_engine(settings, replay))
+    who = os_user()
+    which = replay_choice(delivery_ids, status, destination, since)
+    action_log.write(
+        replayed(COMMAND_LINE, who, count, which, status=status),
+        who,
+        destination=shown(destination) if destination else None,
+    )
     wanted = len(set(delivery_ids))
     if delivery_ids and count < wanted:
         raise click.ClickException(f"replayed {count} of {wanted}: unknown ids")
     click.echo(f"replayed {counted(count, 'delivery')}{pickup_note(settings)}")
+
+
+def replay_choice(
+    ids: tuple[str, ...], status: str | None, destination: str | None, since: datetime | None
+) -> str:
+    """How a replay chose its deliveries, for its log line: the ids (the first few), and the
+    filter as the console writes it (``status=dead&destination=crm``); what the user typed is
+    escaped (a line stays one line)."""
+    given = {
+        "status": status,
+        "destination": destination,
+        "since": since.strftime("%Y-%m-%dT%H:%M:%S") if since else None,
+    }
+    parts = [ids_text([shown(i) for i in dict.fromkeys(ids)])] if ids else []
+    if any(given.values()):
+        parts.append(filter_text(given))
+    return "; ".join(parts) or filter_text(given)
 
 
 @click.group()
@@ -241,12 +274,15 @@ def destinations_enable(name: str, config_file: str | None) -> None:
     if name not in settings.destinations:
         raise click.ClickException(f"no destination {name!r} is configured")
 
+    action_log = ActionLog.of(settings)
+
     async def enable(engine: AsyncEngine) -> int:
         due = await outbox.enable_destination(engine, name, datetime.now(UTC))
         await enqueue_with_progress(settings, due)
         return len(due)
 
     count = run(with_engine(settings, enable))
+    action_log.write(enabled(COMMAND_LINE, os_user(), name, count), os_user(), destination=name)
     released = counted(count, "held delivery", "held deliveries")
     click.echo(f"enabled {name}; {released} released{pickup_note(settings)}")
 
