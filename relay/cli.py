@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from relay.commands.config_place import ConfigAfterCommand
 from relay.commands.console import console_commands
 from relay.commands.give_up import give_up_command
 from relay.commands.outbox import deliveries, destinations
@@ -18,7 +19,7 @@ from relay.sandbox.cli import sandbox
 from relay.simulator.cli import simulate
 
 
-@click.group()
+@click.group(cls=ConfigAfterCommand)
 @click.version_option(package_name="callback-relay")
 def main() -> None:
     """callback-relay: receive the platform's callbacks, store them, relay them."""

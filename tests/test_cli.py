@@ -307,6 +307,47 @@ def test_the_config_is_the_option_else_the_environment_else_relay_toml_here(
     assert config_path("given.toml", {"RELAY_CONFIG": "/etc/r.toml"}, here) == Path("given.toml")
 
 
+@pytest.mark.parametrize(
+    ("given", "told"),
+    [
+        (["--config", "r.toml", "destinations", "list"], "relay destinations list --config r.toml"),
+        (["--config=r.toml", "deliveries", "show", "x"], "relay deliveries show --config r.toml"),
+        (["--config", "my r.toml", "db", "upgrade"], "relay db upgrade --config 'my r.toml'"),
+        (["--config", "r.toml"], "relay COMMAND --config r.toml"),
+        (["--config"], "relay COMMAND --config FILE"),
+        (["--config=", "events", "list"], "relay events list --config FILE"),
+        (["--config", "a", "--config", "b", "events"], "relay events --config b"),
+        (["--config", "\x1b[2J", "events", "list"], "relay events list --config '\\x1b[2J'"),
+        (["--config", "f" * 5000, "events", "list"], f"relay events list --config {'f' * 60}..."),
+        (["--config", "r.toml", "nope", "list"], "relay COMMAND --config r.toml"),
+    ],
+    ids=[
+        "before",
+        "equals",
+        "spaces",
+        "no-command",
+        "no-file",
+        "empty",
+        "twice",
+        "escape",
+        "huge",
+        "unknown-command",
+    ],
+)
+def test_config_before_the_command_is_an_error_that_says_where_it_goes(
+    given: list[str], told: str
+) -> None:
+    result = CliRunner().invoke(main, given)
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == f"Error: --config goes after the command: {told}"
+    assert "\x1b" not in result.output
+
+
+def test_another_unknown_option_before_the_command_keeps_clicks_error() -> None:
+    result = CliRunner().invoke(main, ["--conf", "r.toml", "events", "list"])
+    assert result.exit_code == 2 and "No such option '--conf'" in result.output
+
+
 def test_commands_read_relay_toml_in_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

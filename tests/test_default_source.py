@@ -25,7 +25,9 @@ from receivers.kinds import kinds_by_path
 from receivers.store.engine import create_engine
 from relay.cli import main
 from relay.server.bootstrap import DEFAULT_TOKEN_KEY, SETTINGS, generated_token, kept_token
+from relay.server.default_source import TokenUse, served_sources
 from relay.server.runtime import start
+from relay.server.serve import print_generated_token
 from relay.settings import Settings, SettingsError
 from relay.simulator import factories
 from relay.store import migrate
@@ -84,6 +86,25 @@ async def test_a_kept_generated_token_serves_the_default_source_until_it_is_conf
     assert set(runtime.receiver_config.sources) == {*configured, "default"}
     assert runtime.generated is not None and runtime.generated.token == kept
     assert runtime.generated.served is not configured_default
+
+
+async def test_a_restart_says_it_reuses_the_token_instead_of_generating_one(
+    engine: AsyncEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = (await served_sources({}, engine)).generated
+    again = (await served_sources({}, engine)).generated
+    assert first is not None and first.new and first.use is TokenUse.ALONE
+    assert again is not None and not again.new and again.token == first.token
+
+    print_generated_token(first, [], "127.0.0.1", 8000)
+    said_first = capsys.readouterr().out
+    print_generated_token(again, [], "127.0.0.1", 8000)
+    said_again = capsys.readouterr().out
+    assert "generated a token for the default source" in said_first
+    assert "generated a token" not in said_again
+    assert "keeps the token generated at an earlier start (the same URLs as before)" in said_again
+    for said in (said_first, said_again):  # where the token was printed: its URLs, and only there
+        assert said.count(first.token) == len(kinds_by_path())
 
 
 @pytest.mark.parametrize(

@@ -232,7 +232,11 @@ async def test_the_command_gives_up_reports_the_rest_and_enqueues_the_next_in_li
 
     assert ran.exit_code == 1, ran.output
     assert ran.stdout == "gave up 1 delivery; 1 next in line due now\n"
-    assert ran.stderr.splitlines() == [
+    logged, *refused = ran.stderr.splitlines()
+    assert logged.endswith(
+        f" INFO relay.cli: cli: ops-bob gave up delivery {first} (the CRM rejects it) user=ops-bob"
+    )
+    assert refused == [
         f"not given up: {UNKNOWN}: no such delivery",
         f"not given up: {third}: dead already",
     ]
@@ -243,7 +247,9 @@ async def test_the_command_gives_up_reports_the_rest_and_enqueues_the_next_in_li
 
     again = await cli("deliveries", "give-up", second, "--yes", "--config", str(config))
     assert again.exit_code == 0, again.output
-    assert again.stdout == "gave up 1 delivery\n" and again.stderr == ""
+    assert again.stdout == "gave up 1 delivery\n"
+    user = os_user()
+    assert again.stderr.endswith(f"relay.cli: cli: {user} gave up delivery {second} user={user}\n")
     [row] = await rows(engine, [second])
     assert row["last_error"].startswith("given up by ") and row["last_error"] != "given up by "
 

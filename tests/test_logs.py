@@ -16,11 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
-from relay.dispatch.worker import started_line
+from relay.dispatch.worker import queue_line, started_line
 from relay.observe.known_secrets import KnownSecrets
 from relay.observe.logs import configure_logging
+from relay.server.runtime import relay_queue
 from relay.settings import Settings
-from tests.conftest import TOKEN
+from tests.conftest import REDIS_URL, TOKEN
 from tests.store_support import child_environment
 from tests.support import free_port
 
@@ -211,6 +212,24 @@ def test_the_worker_start_line_shows_the_database_without_any_of_its_password() 
     assert "database postgresql://db.internal:5432/relay;" in line
     assert "queue Redis at redis://redis.internal:6379/0;" in line
     assert "pa55" not in line and "word" not in line
+
+
+def test_the_scaled_queue_line_names_redis_without_its_password_and_the_worker() -> None:
+    line = queue_line("redis://:redis-pa55word@redis.internal:6379/0")
+    assert "Redis at redis://redis.internal:6379/0:" in line
+    assert "until a `relay worker` process" in line
+    assert "pa55" not in line and "word" not in line
+
+
+async def test_a_scaled_serve_logs_where_its_deliveries_wait(
+    redis: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(redis_url=REDIS_URL)
+    caplog.set_level(logging.INFO, logger="relay.serve")
+    async with relay_queue(settings, None, lambda: None):  # type: ignore[arg-type]
+        pass
+    said = [r.getMessage() for r in caplog.records if r.name == "relay.serve"]
+    assert said == [queue_line(REDIS_URL)]
 
 
 def test_the_worker_start_line_names_twenty_destinations_and_counts_the_rest() -> None:

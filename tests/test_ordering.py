@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
@@ -23,9 +24,11 @@ from starlette.responses import Response
 from receivers import SourceConfig
 from receivers.store import create_engine
 from relay import outbox
+from relay.cli import main
 from relay.outbox.tables import DEAD, PENDING, SUCCEEDED, Delivery
 from relay.simulator import factories
 from relay.store import inspect
+from tests.cli_support import table as cli_table
 from tests.conftest import TOKEN, running_client
 from tests.console_support import console_client
 from tests.relay_support import Clock, Relay, store_events
@@ -240,7 +243,7 @@ async def test_a_replayed_earlier_delivery_goes_before_later_pending_ones(
 
 
 async def test_operators_see_who_waits_in_line_and_who_is_out_of_order_if_replayed(
-    engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
+    database_url: str, engine: AsyncEngine, clock: Clock, sink: Sink, ordered: Relay
 ) -> None:
     await store(engine, clock, dlr("m1", "ACCEPTED"), dlr("m1", "DELIVERED"))
     accepted, delivered = await ordered.route_all()
@@ -252,6 +255,13 @@ async def test_operators_see_who_waits_in_line_and_who_is_out_of_order_if_replay
         True,
     ]
     assert rows[delivered.id]["order_key"] == "m1"
+    listed_by_cli = await asyncio.to_thread(
+        CliRunner().invoke, main, ["deliveries", "list"], env={"RELAY_DATABASE_URL": database_url}
+    )
+    cells = {row["ID"]: row for row in cli_table(listed_by_cli.output, first="ID")}
+    assert cells[delivered.id]["STATUS"] == "pending" and cells[delivered.id]["ATTEMPTS"] == "0"
+    assert cells[delivered.id]["NEXT ATTEMPT (UTC)"] == "waiting in line"
+    assert cells[accepted.id]["NEXT ATTEMPT (UTC)"] != "waiting in line"
     async with console_client(engine, clock, ["crm"]) as console:
         assert (await console.login()).status_code == 303
         listed = (await console.http.get("/console/deliveries")).text

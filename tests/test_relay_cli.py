@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from redis import Redis
-from sqlalchemy import update
+from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.store.engine import create_engine
 from relay import outbox
 from relay.cli import main
 from relay.commands import outbox as outbox_commands
+from relay.commands.action_log import os_user
+from relay.console.wording import attempt_outcome
 from relay.dispatch.jobs import QUEUE_NAME
 from relay.observe import progress
 from relay.outbox import replaying
@@ -174,9 +176,11 @@ def test_replay_with_redis_unreachable_is_kept_for_the_sweepers(tmp_path: Path) 
     result = CliRunner().invoke(main, ["deliveries", "replay", flaky, "--config", str(config)])
     assert result.exit_code == 0, result.output
     assert "replayed 1" in result.stdout
-    [warning] = result.stderr.splitlines()
+    [warning, logged] = result.stderr.splitlines()
     assert warning.startswith("warning: cannot connect to Redis at redis://127.0.0.1:")
-    assert "the workers' sweepers enqueue them" in warning and "hunter2" not in warning
+    assert "the workers' sweepers enqueue them" in warning and "hunter2" not in result.stderr
+    user = os_user()
+    assert logged.endswith(f"relay.cli: cli: {user} replayed 1 delivery ({flaky}) user={user}")
     [replayed] = json.loads(
         relay("deliveries", "list", "--destination", "flaky", "--json", "--config", str(config))
     )
@@ -250,6 +254,126 @@ async def migrated_dead_deliveries(url: str, count: int) -> list[str]:
         await engine.dispose()
 
 
+async def broker_attempts(url: str) -> str:
+    """A delivery with two attempts of a broker (no HTTP status): one failed, one delivered."""
+    [delivery_id] = await migrated_dead_deliveries(url, 1)
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(outbox.ATTEMPTS),
+                [
+                    {
+                        "delivery_id": delivery_id,
+                        "number": number,
+                        "started_at": Clock()(),
+                        "duration_ms": 1.5,
+                        "status_code": None,
+                        "error": error,
+                    }
+                    for number, error in [(1, "connection refused by the broker"), (2, None)]
+                ],
+            )
+    finally:
+        await engine.dispose()
+    return delivery_id
+
+
+def test_deliveries_show_words_a_broker_attempt_as_the_console_does(tmp_path: Path) -> None:
+    url, config = replay_config(tmp_path)
+    delivery_id = asyncio.run(broker_attempts(url))
+
+    shown = relay("deliveries", "show", delivery_id, "--config", str(config))
+
+    assert [row["OUTCOME"] for row in table(shown, first="#")] == [
+        "connection refused by the broker",
+        attempt_outcome(None, None),
+    ]
+    assert attempt_outcome(None, None) == "delivered"
+
+
+def test_replay_and_enable_log_one_line_each_as_the_console_words_it(tmp_path: Path) -> None:
+    url, config = replay_config(tmp_path)
+    ids = asyncio.run(migrated_dead_deliveries(url, 3))
+    c = ("--config", str(config))
+    runner, user = CliRunner(), os_user()
+
+    chosen = runner.invoke(
+        main, ["deliveries", "replay", "--status", "dead", "--destination", "crm", *c,
+               "--since", "2020-01-02"],
+    )  # fmt: skip
+    named = runner.invoke(main, ["deliveries", "replay", ids[0], ids[1], ids[0], *c])
+    enabled = runner.invoke(main, ["destinations", "enable", "crm", *c])
+
+    assert chosen.exit_code == named.exit_code == enabled.exit_code == 0
+    assert chosen.stderr.splitlines()[-1].endswith(
+        f"INFO relay.cli: cli: {user} replayed 3 dead deliveries "
+        f"(status=dead&destination=crm&since=2020-01-02T00%3A00%3A00) "
+        f"destination=crm user={user}"
+    )
+    assert named.stderr.splitlines()[-1].endswith(
+        f"cli: {user} replayed 2 deliveries ({ids[0]}, {ids[1]}) user={user}"
+    )
+    assert enabled.stderr.splitlines()[-1].endswith(
+        f"cli: {user} enabled destination crm (0 held deliveries released) "
+        f"destination=crm user={user}"
+    )
+
+
+def test_a_replay_logs_what_was_typed_escaped_on_one_line(tmp_path: Path) -> None:
+    url, config = replay_config(tmp_path)
+    asyncio.run(migrated_dead_deliveries(url, 1))
+    many = [f"id-{n}" for n in range(25)]
+    typed = ["a\nforged INFO line", "\x1b[2J", "x" * 5000, *many]
+
+    result = CliRunner().invoke(main, ["deliveries", "replay", *typed, "--config", str(config)])
+
+    [logged, error] = result.stderr.splitlines()
+    assert result.exit_code == 1 and error == "Error: replayed 0 of 28: unknown ids"
+    assert "replayed 0 deliveries (a\\x0aforged INFO line, \\x1b[2J, " + "x" * 60 + "..." in logged
+    assert "and 18 more)" in logged and "id-6" in logged and "id-7" not in logged
+    assert "\x1b" not in result.stderr and len(logged) < 1000
+
+
+@pytest.mark.parametrize(
+    ("variables", "shown"),
+    [
+        ({"RELAY_LOG_FORMAT": "json"}, "json"),
+        ({"RELAY_LOG_LEVEL": "warning"}, "nothing"),
+        ({"RELAY_LOG_LEVEL": ""}, "text"),
+        ({"RELAY_LOG_LEVEL": "loud"}, "refused"),
+        ({"RELAY_LOG_FORMAT": "xml\x1b"}, "refused"),
+        ({"RELAY_LOG_LEVEL": "INFO"}, "refused"),
+    ],
+)
+def test_the_action_log_follows_the_log_variables_and_a_bad_one_stops_first(
+    tmp_path: Path, variables: dict[str, str], shown: str
+) -> None:
+    url, config = replay_config(tmp_path)
+    [dead] = asyncio.run(migrated_dead_deliveries(url, 1))
+    result = CliRunner().invoke(
+        main, ["deliveries", "replay", dead, "--config", str(config)], env=variables
+    )
+    [status] = {row["status"] for row in json.loads(relay("deliveries", "list", "--json",
+                                                            "--config", str(config)))}  # fmt: skip
+    if shown == "refused":
+        assert result.exit_code == 2 and status == DEAD  # nothing was replayed
+        [name] = variables
+        assert f"${name} is none of" in result.stderr and "\x1b" not in result.stderr
+        return
+    assert result.exit_code == 0 and status == PENDING
+    if shown == "nothing":
+        assert result.stderr == ""
+    elif shown == "json":
+        line = json.loads(result.stderr)
+        assert line["logger"] == "relay.cli" and line["level"] == "info"
+        assert line["message"] == f"cli: {os_user()} replayed 1 delivery ({dead})"
+        assert line["user"] == os_user()
+    else:
+        assert result.stderr.endswith(f"cli: {os_user()} replayed 1 delivery ({dead}) "
+                                      f"user={os_user()}\n")  # fmt: skip
+
+
 def test_replay_shows_a_progress_bar_on_a_terminal_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -265,7 +389,11 @@ def test_replay_shows_a_progress_bar_on_a_terminal_only(
     shown = runner.invoke(main, ["deliveries", "replay", "--status", "pending", *c])
 
     assert piped.exit_code == 0 and shown.exit_code == 0, piped.output + shown.output
-    assert piped.stdout.startswith("replayed 5 deliveries") and piped.stderr == ""
+    assert piped.stdout.startswith("replayed 5 deliveries")
+    user = os_user()
+    logged = f"cli: {user} replayed 5 dead deliveries (status=dead) user={user}\n"
+    assert piped.stderr.endswith(logged)
+    assert "replaying" not in piped.stderr
     assert shown.stdout.startswith("replayed 5 deliveries")
     assert "replaying" in shown.stderr and "2/5" in shown.stderr and "5/5" in shown.stderr
     assert "enqueueing" not in shown.stderr  # embedded mode: nothing to enqueue here

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
-import os
 import sys
 from datetime import UTC, datetime
 
@@ -12,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import ID_FORMAT
+from relay.commands.action_log import ActionLog, os_user
 from relay.commands.common import (
     config_option,
     load_settings_or_exit,
@@ -29,19 +28,12 @@ from relay.delivery.give_up import (
     give_up,
 )
 from relay.observe import progress
+from relay.observe.operator_actions import COMMAND_LINE, gave_up
 from relay.outbox import DELIVERIES, LOOKUP_CHUNK
 from relay.words import counted
 
 SHOWN_ID = 60
 """How much of a rejected id an error message repeats."""
-
-
-def os_user() -> str:
-    """The name of the user running the command (its uid when the system has no name)."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return f"uid {os.getuid()}"
 
 
 def delivery_ids(values: tuple[str, ...]) -> list[str]:
@@ -103,6 +95,7 @@ def give_up_command(
     if not yes and not progress.is_terminal(sys.stdin):
         raise click.UsageError("no terminal to ask for confirmation: pass --yes")
     settings = load_settings_or_exit(config_file)
+    action_log = ActionLog.of(settings)
 
     async def act(engine: AsyncEngine) -> GivenUp:
         found = await statuses(engine, ids)
@@ -119,13 +112,14 @@ def give_up_command(
         return done
 
     done: GivenUp = run(with_engine(settings, act))
+    action_log.write(gave_up(COMMAND_LINE, who, done.given_up, reason), who)
     for delivery_id in done.unknown:
         click.echo(f"not given up: {delivery_id}: no such delivery", err=True)
     for delivery_id, status in done.finished.items():
         click.echo(f"not given up: {delivery_id}: {status} already", err=True)
     moved = len(done.next_in_line)
     line_note = f"; {moved} next in line due now" if moved else ""
-    gave_up = counted(len(done.given_up), "delivery")
-    click.echo(f"gave up {gave_up}{line_note}{pickup_note(settings)}")
+    given = counted(len(done.given_up), "delivery")
+    click.echo(f"gave up {given}{line_note}{pickup_note(settings)}")
     if done.unknown or done.finished:
         raise SystemExit(1)

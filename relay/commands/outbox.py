@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from receivers.ids import ID_FORMAT
 from relay import outbox
+from relay.commands.action_log import ActionLog, os_user
 from relay.commands.common import (
     config_option,
     enqueue,
@@ -21,7 +22,15 @@ from relay.commands.common import (
 )
 from relay.commands.escape import shown
 from relay.commands.tables import echo_fields, echo_table, moment
+from relay.console.wording import attempt_outcome
 from relay.dispatch.jobs import open_pool
+from relay.observe.operator_actions import (
+    COMMAND_LINE,
+    enabled,
+    filter_text,
+    ids_text,
+    replayed,
+)
 from relay.observe.progress import Bar
 from relay.outbox.records import KEEP_FIRST_ATTEMPTS, KEEP_LAST_ATTEMPTS
 from relay.outbox.tables import DELIVERY_STATUSES
@@ -68,7 +77,7 @@ def deliveries_list(
                 row["destination"],
                 row["status"],
                 row["attempts"],
-                moment(row["next_attempt_at"]),
+                next_attempt(row),
                 last_outcome(row["last_status_code"], row["last_error"]),
             ]
             for row in rows
@@ -76,9 +85,25 @@ def deliveries_list(
     )
 
 
+WAITING_IN_LINE = "waiting in line"
+"""The next attempt of a pending delivery whose key's line has an earlier delivery to go first
+(its due time may be past: it goes when those before it are done)."""
+
+
+def next_attempt(row: dict[str, Any]) -> str | None:
+    """A delivery's NEXT ATTEMPT cell: its due time, or :data:`WAITING_IN_LINE`."""
+    return WAITING_IN_LINE if row.get("waiting_in_line") else moment(row["next_attempt_at"])
+
+
 def last_outcome(status_code: int | None, error: str | None) -> str | None:
     """What an attempt ended with, in a cell: ``HTTP 503``, or its error."""
     return f"HTTP {status_code}" if status_code is not None else error
+
+
+def attempt_cell(status_code: int | None, error: str | None) -> str:
+    """An attempt's OUTCOME cell: ``HTTP 200``, its error, or (a broker's publish, which has
+    no HTTP status) "delivered" as the console words it."""
+    return last_outcome(status_code, error) or attempt_outcome(status_code, error)
 
 
 @deliveries.command("show")
@@ -113,7 +138,7 @@ def deliveries_show(delivery_id: str, as_json: bool, config_file: str | None) ->
                     attempt["number"],
                     moment(attempt["started_at"], milliseconds=True),
                     f"{attempt['duration_ms']:.1f} ms",
-                    last_outcome(attempt["status_code"], attempt["error"]),
+                    attempt_cell(attempt["status_code"], attempt["error"]),
                 ]
                 for attempt in kept
             ),
@@ -155,6 +180,7 @@ def deliveries_replay(
     if not delivery_ids and status is None:
         raise click.UsageError("give delivery ids, or --status (e.g. --status dead)")
     settings = load_settings_or_exit(config_file)
+    action_log = ActionLog.of(settings)
     since_utc = since.replace(tzinfo=UTC) if since else None
 
     async def replay(engine: AsyncEngine) -> int:
@@ -172,10 +198,34 @@ def deliveries_replay(
         return len(due)
 
     count = run(with_engine(settings, replay))
+    who = os_user()
+    which = replay_choice(delivery_ids, status, destination, since)
+    action_log.write(
+        replayed(COMMAND_LINE, who, count, which, status=status),
+        who,
+        destination=shown(destination) if destination else None,
+    )
     wanted = len(set(delivery_ids))
     if delivery_ids and count < wanted:
         raise click.ClickException(f"replayed {count} of {wanted}: unknown ids")
     click.echo(f"replayed {counted(count, 'delivery')}{pickup_note(settings)}")
+
+
+def replay_choice(
+    ids: tuple[str, ...], status: str | None, destination: str | None, since: datetime | None
+) -> str:
+    """How a replay chose its deliveries, for its log line: the ids (the first few), and the
+    filter as the console writes it (``status=dead&destination=crm``); what the user typed is
+    escaped (a line stays one line)."""
+    given = {
+        "status": status,
+        "destination": destination,
+        "since": since.strftime("%Y-%m-%dT%H:%M:%S") if since else None,
+    }
+    parts = [ids_text([shown(i) for i in dict.fromkeys(ids)])] if ids else []
+    if any(given.values()):
+        parts.append(filter_text(given))
+    return "; ".join(parts) or filter_text(given)
 
 
 @click.group()
@@ -224,12 +274,15 @@ def destinations_enable(name: str, config_file: str | None) -> None:
     if name not in settings.destinations:
         raise click.ClickException(f"no destination {name!r} is configured")
 
+    action_log = ActionLog.of(settings)
+
     async def enable(engine: AsyncEngine) -> int:
         due = await outbox.enable_destination(engine, name, datetime.now(UTC))
         await enqueue_with_progress(settings, due)
         return len(due)
 
     count = run(with_engine(settings, enable))
+    action_log.write(enabled(COMMAND_LINE, os_user(), name, count), os_user(), destination=name)
     released = counted(count, "held delivery", "held deliveries")
     click.echo(f"enabled {name}; {released} released{pickup_note(settings)}")
 

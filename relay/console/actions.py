@@ -21,6 +21,13 @@ from relay.console.pages import ROW_ID
 from relay.console.sessions import Operator
 from relay.console.web import CONSOLE_PATH, Console, error, form_values, safe_next, see_other
 from relay.delivery.give_up import LONGEST_REASON, give_up
+from relay.observe.operator_actions import (
+    CONSOLE,
+    enabled,
+    gave_up,
+    replayed,
+    replayed_delivery,
+)
 from relay.outbox.tables import DEAD
 
 log = logging.getLogger("relay.console")
@@ -37,9 +44,7 @@ async def replay_delivery(
         return error(console, request, 404, "Not Found", "No delivery has this id.")
     await console.enqueue(due)
     log.info(
-        "console: %s replayed delivery %s",
-        operator.name,
-        delivery_id,
+        replayed_delivery(CONSOLE, operator.name, delivery_id),
         extra={"user": operator.name, "delivery_id": delivery_id},
     )
     back = safe_next(fields.get("back"), f"{CONSOLE_PATH}/deliveries").split("?")[0]
@@ -79,10 +84,7 @@ async def give_up_delivery(
         )
     await console.enqueue(done.next_in_line)
     log.info(
-        "console: %s gave up delivery %s%s",
-        operator.name,
-        delivery_id,
-        f" ({reason})" if reason else "",
+        gave_up(CONSOLE, operator.name, [delivery_id], reason),
         extra={"user": operator.name, "delivery_id": delivery_id},
     )
     return see_other(_with_notice(back, "given-up"))
@@ -144,18 +146,14 @@ async def bulk_replay(
         until=where.until,
     )
     await console.enqueue(due)
-    replayed = len(due)
     log.info(
-        "console: %s replayed %d dead deliveries (%s)",
-        operator.name,
-        replayed,
-        query_string(where) or "all",
+        replayed(CONSOLE, operator.name, len(due), query_string(where) or "all", status=DEAD),
         extra={"user": operator.name, "destination": where.destination},
     )
     listed = f"{CONSOLE_PATH}/deliveries" + (
         f"?{query_string(where)}" if query_string(where) else ""
     )
-    return see_other(_with_notice(listed, "replayed", replayed))
+    return see_other(_with_notice(listed, "replayed", len(due)))
 
 
 async def enable_destination(
@@ -167,10 +165,7 @@ async def enable_destination(
     due = await outbox.enable_destination(console.engine, name, console.clock())
     await console.enqueue(due)
     log.info(
-        "console: %s enabled destination %s (%d held deliveries released)",
-        operator.name,
-        name,
-        len(due),
+        enabled(CONSOLE, operator.name, name, len(due)),
         extra={"user": operator.name, "destination": name},
     )
     return see_other(f"{CONSOLE_PATH}/destinations?notice=enabled&count={len(due)}")

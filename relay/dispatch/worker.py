@@ -112,6 +112,15 @@ def started_line(settings: Settings, loop: LoopName) -> str:
     )
 
 
+def queue_line(redis_url: str) -> str:
+    """What a scaled `relay serve` says when it starts: its deliveries are jobs on this Redis
+    (without credentials), delivered only by `relay worker` processes."""
+    return (
+        f"relay queue on Redis at {without_credentials(redis_url)}: deliveries wait there until "
+        "a `relay worker` process (on the same redis_url and database) delivers them"
+    )
+
+
 def build_worker(
     settings: Settings,
     engine: AsyncEngine,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
@@ -32,7 +33,7 @@ from relay.destinations.errors import (
 from relay.dispatch import Dispatcher
 from relay.dispatch.jobs import JobQueue, open_pool
 from relay.dispatch.queue_connection import QueueConnection, queue_lost
-from relay.dispatch.worker import build_worker, embedded_relay
+from relay.dispatch.worker import build_worker, embedded_relay, queue_line
 from relay.observe.metrics import (
     EXPOSITION_MAX_AGE_SECONDS,
     StoreFigures,
@@ -46,6 +47,8 @@ from relay.server.default_source import GeneratedToken, served_sources
 from relay.server.services import router_for
 from relay.settings import Settings, SettingsError
 from relay.store import migrate
+
+log = logging.getLogger("relay.serve")  # stable: users filter on it
 
 HOOK_AT_ONCE = HookTiming(delay=0.0, interval=0.0)
 """The hook only hands on the deliveries routed in the events' commit: at once. Scaled, each
@@ -157,6 +160,7 @@ async def relay_queue(
     if settings.redis_url:
         pool = await open_pool(settings.redis_url)
         connection = QueueConnection(pool, registry=registry)
+        log.info(queue_line(settings.redis_url))
         try:
             yield JobQueue(pool, clock=clock, connection=connection)
         finally:

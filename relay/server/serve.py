@@ -280,7 +280,13 @@ def print_generated_token(
         )
         return
     if generated.use is TokenUse.ALONE:
-        click.echo("No sources configured: generated a token for the default source")
+        if generated.new:
+            click.echo("No sources configured: generated a token for the default source")
+        else:
+            click.echo(
+                "No sources configured: the default source keeps the token generated at an "
+                "earlier start (the same URLs as before)"
+            )
         click.echo("(kept in the database; configure [sources.default] to choose your own).")
         click.echo("Give the platform these callback URLs (use your public https address):")
     else:
