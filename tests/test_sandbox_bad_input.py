@@ -68,6 +68,19 @@ async def test_a_key_with_non_ascii_bytes_is_refused() -> None:
 
 
 HUGE = "9" * 20_000
+UNSENDABLE_URLS = [
+    "http://example.com/a\tb",
+    "http://example.com/\r\nX-Injected: 1",
+    "http://example.com/\x00",
+    "http://example.com:abc/",
+    "http://example.com:99999/",
+    "http://example.com:-1/",
+    "http://example.com:0/",
+    "http://exa mple.com/",
+]
+"""URLs httpx cannot send (or should not): refused at the API, not failing at each send."""
+LOOSE_NUMBERS = ["1_0", " 10 ", "10\n", "\u0661\u0660", "\uff11\uff10", "+", "1e1", "0x10"]
+"""What Python's int() or float() accept (or nearly) that no client means: only ASCII digits."""
 BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("to", {"to": None}),
     ("to", {"to": ""}),
@@ -95,6 +108,7 @@ BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("callbackUrl", {"callbackUrl": "example.com/hook"}),
     ("callbackUrl", {"callbackUrl": "http://example.com/" + "a" * 2_000}),
     ("callbackUrl", {"callbackUrl": 5}),
+    *[("callbackUrl", {"callbackUrl": url}) for url in UNSENDABLE_URLS],
     ("callbackMethod", {"callbackMethod": "PUT"}),
     ("callbackMethod", {"callbackMethod": True}),
     ("partLimit", {"message": "a" * 161, "partLimit": 1}),
@@ -103,6 +117,13 @@ BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("partLimit", {"partLimit": 1.5}),
     ("partLimit", {"partLimit": True}),
     ("partLimit", {"partLimit": HUGE}),
+    ("partLimit", {"partLimit": 10**400}),
+    ("partLimit", {"partLimit": 10_001}),
+    ("validity", {"validity": 10**400}),
+    ("validity", {"validity": -(10**400)}),
+    ("trate", {"trate": 10**400}),
+    *[("validity", {"validity": text}) for text in LOOSE_NUMBERS],
+    *[("mrate", {"mrate": text}) for text in ("0_5", " 0.5", "1e-1", "nan", "inf", "\u0660.5")],
     ("validity", {"validity": "0"}),
     ("validity", {"validity": "-5"}),
     ("validity", {"validity": "ten"}),
@@ -166,6 +187,7 @@ async def test_badly_encoded_query_parameters_are_a_problem_not_a_crash() -> Non
         (b'"text"', "is not a JSON object"),
         (b"null", "is not a JSON object"),
         (b"[" * 100_000 + b"]" * 100_000, None),
+        (b'{"validity": ' + b"9" * 5_000 + b"}", "is not JSON"),
         (b'{"to": "+4915112345678", "from": "ACME", "message": "\\ud800"}', "surrogate"),
     ],
 )

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from receivers.problems import Problem
 from relay.sandbox import inbound_sms, numbers
+from relay.sandbox.numerals import decimal
 from relay.sandbox.sms import report
 from relay.sandbox.state import Message, iso
 from relay.sandbox.web import authorize, json_response, read_json_object, single_query
@@ -84,7 +85,7 @@ def _timeout(request: Request) -> float:
     if raw is None:
         return WAIT_DEFAULT_SECONDS
     try:
-        value = float(raw)
+        value = decimal(raw)
     except ValueError:
         raise _invalid("timeout", "must be a number of seconds") from None
     if not 0 <= value <= WAIT_MAX_SECONDS:

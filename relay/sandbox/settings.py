@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from relay.durations import Duration
@@ -19,6 +20,10 @@ INTERNATIONAL = re.compile(r"\+[1-9][0-9]{6,14}")
 CHAOS_NAMES = ("api-429", "api-500", "duplicate", "out-of-order", "slow")
 """The kinds of chaos, as named in the ``X-Sandbox-Chaos`` header and ``--chaos``."""
 API_CHAOS = frozenset({"api-429", "api-500"})
+MIN_TIME_SCALE = 1e-6
+"""The fastest platform time: a million times real time (48 h in 0.17 s); faster ones would
+run past the year 9999 within days (and 1e-300 overflows at once)."""
+MAX_TIME_SCALE = 1000.0
 
 
 class ChaosSettings(BaseModel):
@@ -42,12 +47,21 @@ class ChaosSettings(BaseModel):
 
 
 def http_url(value: str | None) -> str | None:
-    """An absolute http(s) URL with a host, or None; ValueError otherwise."""
+    """An absolute http(s) URL with a host that the sandbox's HTTP client can send to (no
+    control character or space, a port from 1 to 65535), or None; ValueError otherwise."""
     if value is None:
         return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not value.isprintable() or any(c.isspace() for c in value):
+        raise ValueError("must be an http(s) URL with a host (no space or control character)")
+    try:
+        url = httpx.URL(value)
+        port = urlsplit(value).port
+    except (httpx.InvalidURL, ValueError):
+        raise ValueError("must be an http(s) URL with a host and a port from 1 to 65535") from None
+    if url.scheme not in ("http", "https") or not url.host:
         raise ValueError("must be an http(s) URL with a host")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError("must be an http(s) URL with a host and a port from 1 to 65535")
     return value
 
 
@@ -60,7 +74,9 @@ class SandboxSettings(BaseModel):
     port: int = Field(default=8100, ge=0, le=65535)
     api_key: SecretStr | None = None
     """The key the app sends in the ``apikey`` header; generated at start when not given."""
-    time_scale: float = Field(default=1.0, gt=0, le=1000)
+    time_scale: float = Field(
+        default=1.0, ge=MIN_TIME_SCALE, le=MAX_TIME_SCALE, allow_inf_nan=False
+    )
     """Platform time runs ``1 / time_scale`` times faster (0.001: 48 h in ~3 min)."""
     inbound_url: str | None = None
     """Where inbound SMS (a magic number's reply, the control API's) are sent; none: they are
