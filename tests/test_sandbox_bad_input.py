@@ -56,6 +56,7 @@ async def test_every_route_wants_the_api_key_once(
         async with client:
             answer = await client.request(method, path, headers=headers, json=sms_fields())
         assert_problem(answer, 401)
+        assert answer.headers["www-authenticate"] == "apikey"
         assert api.sandbox.state.messages == {}
 
 

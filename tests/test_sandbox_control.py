@@ -140,3 +140,13 @@ async def test_the_magic_numbers_are_listed() -> None:
         listed = (await api.client.get("/_sandbox/numbers")).json()["numbers"]
     assert [n["number"] for n in listed] == [n.number for n in NUMBERS]
     assert {"number", "product", "outcome", "errorCode", "implemented"} <= set(listed[0])
+
+
+@pytest.mark.parametrize("path", ["/_sandbox/messages", "/_sandbox/messages/wait"])
+@pytest.mark.parametrize("status", ["bogus", "", "DELIVERED,REJECTED"])
+async def test_an_unknown_status_filter_is_a_400_naming_it(path: str, status: str) -> None:
+    async with sandbox_api() as api:
+        answer = await api.client.get(path, params={"status": status, "timeout": "0"})
+    assert answer.status_code == 400, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert [e["field"] for e in answer.json()["errors"]] == ["status"]

@@ -28,6 +28,7 @@ PREFIX = "/_sandbox"
 WAIT_DEFAULT_SECONDS = 10.0
 WAIT_MAX_SECONDS = 60.0
 FILTERS = ("to", "text", "status")
+MESSAGE_STATUSES = ("ACCEPTED", "BUFFERED", "DELIVERED", "UNDELIVERABLE", "REJECTED", "EXPIRED")
 
 
 def message_json(sandbox: Sandbox, message: Message) -> dict[str, Any]:
@@ -59,6 +60,9 @@ def _filters(request: Request) -> dict[str, str]:
     if unknown:
         name = sorted(unknown)[0]
         raise _invalid(name, "is not a filter (to, text, status)")
+    status = query.get("status")
+    if status is not None and status.upper() not in MESSAGE_STATUSES:
+        raise _invalid("status", f"is not one of {', '.join(MESSAGE_STATUSES)}")
     return {k: v for k, v in query.items() if k in FILTERS}
 
 

@@ -34,6 +34,7 @@ def authorize(request: Request, api_key: str) -> None:
             "unauthorized",
             "Unauthorized",
             "Send the sandbox's API key, once, in the apikey header.",
+            headers={"www-authenticate": "apikey"},
         )
 
 
