@@ -316,3 +316,40 @@ def test_any_json_fields_are_accepted_or_a_400_naming_a_field(fields: dict[str, 
         except Problem as problem:
             assert problem.status == 400
             assert problem.extra["errors"][0]["field"] in FIELD_NAMES
+
+
+async def test_a_client_that_leaves_mid_body_is_a_closed_request_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with sandbox_api() as api:
+        app = api.client._transport.app  # type: ignore[attr-defined]
+        incoming = [
+            {"type": "http.request", "body": b'{"to": "+49', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return incoming.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/messaging/v1/sms",
+            "raw_path": b"/messaging/v1/sms",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"apikey", API_KEY.encode()), (b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8100),
+        }
+        await app(scope, receive, send)
+        assert sent[0]["status"] == 400
+        assert api.sandbox.state.messages == {}
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
