@@ -134,6 +134,13 @@ def test_bad_options_are_refused_before_start(args: list[str], message: str) -> 
         ("[chaos]\nmeteor = 1\n", "chaos.meteor"),
         ('chaos = "all"\n', "chaos"),
         ('validity = "soon"\n', "validity"),
+        ('validity = "0s"\n', "validity"),
+        ('validity = "-1h"\n', "validity"),
+        ('validity = "31d"\n', "validity"),
+        ("validity = 3600\n", "validity"),
+        ('api_key = "a\\tb-long-enough"\n', "api_key"),
+        ('api_key = "s\u00e9same-ouvre-toi"\n', "api_key"),
+        ('api_key = "\u2603-snowman-key"\n', "api_key"),
     ],
 )
 def test_a_bad_config_file_is_one_clear_error(tmp_path: Path, content: str, message: str) -> None:
@@ -143,6 +150,20 @@ def test_a_bad_config_file_is_one_clear_error(tmp_path: Path, content: str, mess
     assert result.exit_code == 1
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/null", "."])
+def test_a_config_that_is_not_a_regular_file_is_refused(special: str) -> None:
+    result = CliRunner().invoke(main, ["sandbox", "--config", special])
+    assert result.exit_code in (1, 2), result.output
+    assert "config" in result.output
+
+
+def test_a_config_file_over_a_mebibyte_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "sandbox.toml"
+    config.write_text("# " + "x" * (1024 * 1024) + "\n")
+    result = CliRunner().invoke(main, ["sandbox", "--config", str(config)])
+    assert result.exit_code == 1 and "larger than" in result.output
 
 
 def test_a_missing_config_file_is_one_clear_error(tmp_path: Path) -> None:

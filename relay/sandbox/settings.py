@@ -24,6 +24,8 @@ MIN_TIME_SCALE = 1e-6
 """The fastest platform time: a million times real time (48 h in 0.17 s); faster ones would
 run past the year 9999 within days (and 1e-300 overflows at once)."""
 MAX_TIME_SCALE = 1000.0
+MAX_VALIDITY = timedelta(days=30)
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 class ChaosSettings(BaseModel):
@@ -114,8 +116,29 @@ class SandboxSettings(BaseModel):
     @field_validator("api_key")
     @classmethod
     def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().strip():
+        if value is None:
+            return None
+        key = value.get_secret_value()
+        if not key.strip():
             raise ValueError("must not be empty")
+        if not all(" " < c < "\x7f" for c in key):
+            raise ValueError(
+                "must be visible ASCII characters (an HTTP header cannot carry the others)"
+            )
+        return value
+
+    @field_validator("validity", mode="before")
+    @classmethod
+    def _validity_text(cls, value: Any) -> Any:
+        if not isinstance(value, str | timedelta):
+            raise ValueError('must be a duration with its unit, e.g. "48h" or "30m"')
+        return value
+
+    @field_validator("validity")
+    @classmethod
+    def _validity_positive(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) < value <= MAX_VALIDITY:
+            raise ValueError("must be more than 0 and at most 30 days")
         return value
 
 
@@ -128,12 +151,24 @@ class SandboxSettingsError(ValueError):
     """Settings that cannot be used; the message says which and why (never a key's value)."""
 
 
+def _read_config(path: Path) -> str:
+    """A config file's text: a regular file (not a device or a pipe, which may never end) of
+    at most :data:`MAX_CONFIG_BYTES`."""
+    if path.exists() and not path.is_file():
+        raise SandboxSettingsError(f"config file {path} is not a regular file")
+    with path.open("rb") as file:
+        data = file.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SandboxSettingsError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    return data.decode("utf-8")
+
+
 def load_sandbox_settings(path: Path | None, overrides: dict[str, Any]) -> SandboxSettings:
     """The TOML file's settings (if any) with ``overrides`` (non-None values) on top."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomllib.loads(_read_config(path))
         except FileNotFoundError:
             raise SandboxSettingsError(f"config file {path} does not exist") from None
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
