@@ -21,6 +21,7 @@ from relay.sandbox.page import page_routes
 from relay.sandbox.products import product_routes
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.sms_request import invalid, parse_sms
+from relay.sandbox.state import CONVERSIONS_KEPT
 from relay.sandbox.web import (
     authorize,
     forced_chaos,
@@ -97,6 +98,8 @@ def build_app(sandbox: Sandbox) -> Starlette:
                 "timestamp": timestamp or sandbox.clock.now().isoformat(),
             }
         )
+        del message.conversions[:-CONVERSIONS_KEPT]
+        message.conversion_count += 1
         sandbox.state.changed()
         return Response(status_code=200, headers={"cache-control": "no-store"})
 

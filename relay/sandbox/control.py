@@ -46,6 +46,7 @@ def message_json(sandbox: Sandbox, message: Message) -> dict[str, Any]:
         "chaos": sorted(message.chaos),
         "history": [{"status": s, "at": iso(at)} for s, at in message.history],
         "conversions": message.conversions,
+        "conversionCount": message.conversion_count,
         "callbacks": [
             sandbox.state.callbacks[c].as_json()
             for c in message.callbacks
