@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from receivers.problems import Problem
 from relay.sandbox import inbound_sms, numbers
-from relay.sandbox.numerals import decimal
+from relay.sandbox.numerals import decimal, whole
 from relay.sandbox.sms import report
 from relay.sandbox.state import Message, iso
 from relay.sandbox.web import authorize, json_response, read_json_object, single_query
@@ -28,6 +28,9 @@ PREFIX = "/_sandbox"
 WAIT_DEFAULT_SECONDS = 10.0
 WAIT_MAX_SECONDS = 60.0
 FILTERS = ("to", "text", "status")
+PAGING = ("limit", "offset")
+LIMIT_DEFAULT = 100
+LIMIT_MAX = 1000
 MESSAGE_STATUSES = ("ACCEPTED", "BUFFERED", "DELIVERED", "UNDELIVERABLE", "REJECTED", "EXPIRED")
 
 
@@ -57,7 +60,7 @@ def message_json(sandbox: Sandbox, message: Message) -> dict[str, Any]:
 
 def _filters(request: Request) -> dict[str, str]:
     query = single_query(request)
-    unknown = set(query) - {*FILTERS, "timeout"}
+    unknown = set(query) - {*FILTERS, *PAGING, "timeout"}
     if unknown:
         name = sorted(unknown)[0]
         raise _invalid(name, "is not a filter (to, text, status)")
@@ -85,6 +88,20 @@ def _invalid(field: str, message: str) -> Problem:
     )
 
 
+def _whole(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """A paging parameter: ASCII digits from ``low`` to ``high`` (``default`` when absent)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = whole(raw)
+    except ValueError:
+        raise _invalid(name, f"must be a whole number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise _invalid(name, f"must be a whole number from {low} to {high}")
+    return value
+
+
 def _timeout(request: Request) -> float:
     raw = request.query_params.get("timeout")
     if raw is None:
@@ -110,12 +127,13 @@ def control_routes(sandbox: Sandbox) -> list[Route]:
 
     async def list_messages(request: Request) -> Response:
         filters = _filters(request)
-        found = [
-            message_json(sandbox, m)
-            for m in sandbox.state.messages.values()
-            if _matches(m, filters)
-        ]
-        return json_response({"messages": found})
+        limit = _whole(request, "limit", LIMIT_DEFAULT, 1, LIMIT_MAX)
+        offset = _whole(request, "offset", 0, 0, 10**9)
+        matching = [m for m in sandbox.state.messages.values() if _matches(m, filters)]
+        page = [message_json(sandbox, m) for m in matching[offset : offset + limit]]
+        return json_response(
+            {"messages": page, "total": len(matching), "limit": limit, "offset": offset}
+        )
 
     async def wait_for_message(request: Request) -> Response:
         filters = _filters(request)
