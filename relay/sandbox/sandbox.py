@@ -11,6 +11,7 @@ from types import TracebackType
 
 import httpx
 
+from relay.sandbox.bounded_clock import BoundedClock
 from relay.sandbox.callbacks import MAX_IN_FLIGHT, Scheduler
 from relay.sandbox.settings import API_CHAOS, CHAOS_NAMES, SandboxSettings
 from relay.sandbox.state import State
@@ -30,7 +31,7 @@ class Sandbox:
         self.settings = settings or SandboxSettings()
         given = self.settings.api_key
         self.api_key = given.get_secret_value() if given else secrets.token_urlsafe(24)
-        self.clock: Clock = clock or ScaledClock(self.settings.time_scale)
+        self.clock: Clock = clock or BoundedClock(ScaledClock(self.settings.time_scale))
         self.base_url = base_url
         """The sandbox's own URL, for the ``href`` of its answers (set once it listens)."""
         self.state = State()
