@@ -56,6 +56,7 @@ async def test_every_route_wants_the_api_key_once(
         async with client:
             answer = await client.request(method, path, headers=headers, json=sms_fields())
         assert_problem(answer, 401)
+        assert answer.headers["www-authenticate"] == "apikey"
         assert api.sandbox.state.messages == {}
 
 
@@ -68,6 +69,19 @@ async def test_a_key_with_non_ascii_bytes_is_refused() -> None:
 
 
 HUGE = "9" * 20_000
+UNSENDABLE_URLS = [
+    "http://example.com/a\tb",
+    "http://example.com/\r\nX-Injected: 1",
+    "http://example.com/\x00",
+    "http://example.com:abc/",
+    "http://example.com:99999/",
+    "http://example.com:-1/",
+    "http://example.com:0/",
+    "http://exa mple.com/",
+]
+"""URLs httpx cannot send (or should not): refused at the API, not failing at each send."""
+LOOSE_NUMBERS = ["1_0", " 10 ", "10\n", "\u0661\u0660", "\uff11\uff10", "+", "1e1", "0x10"]
+"""What Python's int() or float() accept (or nearly) that no client means: only ASCII digits."""
 BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("to", {"to": None}),
     ("to", {"to": ""}),
@@ -95,6 +109,7 @@ BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("callbackUrl", {"callbackUrl": "example.com/hook"}),
     ("callbackUrl", {"callbackUrl": "http://example.com/" + "a" * 2_000}),
     ("callbackUrl", {"callbackUrl": 5}),
+    *[("callbackUrl", {"callbackUrl": url}) for url in UNSENDABLE_URLS],
     ("callbackMethod", {"callbackMethod": "PUT"}),
     ("callbackMethod", {"callbackMethod": True}),
     ("partLimit", {"message": "a" * 161, "partLimit": 1}),
@@ -103,6 +118,13 @@ BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("partLimit", {"partLimit": 1.5}),
     ("partLimit", {"partLimit": True}),
     ("partLimit", {"partLimit": HUGE}),
+    ("partLimit", {"partLimit": 10**400}),
+    ("partLimit", {"partLimit": 10_001}),
+    ("validity", {"validity": 10**400}),
+    ("validity", {"validity": -(10**400)}),
+    ("trate", {"trate": 10**400}),
+    *[("validity", {"validity": text}) for text in LOOSE_NUMBERS],
+    *[("mrate", {"mrate": text}) for text in ("0_5", " 0.5", "1e-1", "nan", "inf", "\u0660.5")],
     ("validity", {"validity": "0"}),
     ("validity", {"validity": "-5"}),
     ("validity", {"validity": "ten"}),
@@ -166,6 +188,7 @@ async def test_badly_encoded_query_parameters_are_a_problem_not_a_crash() -> Non
         (b'"text"', "is not a JSON object"),
         (b"null", "is not a JSON object"),
         (b"[" * 100_000 + b"]" * 100_000, None),
+        (b'{"validity": ' + b"9" * 5_000 + b"}", "is not JSON"),
         (b'{"to": "+4915112345678", "from": "ACME", "message": "\\ud800"}', "surrogate"),
     ],
 )
@@ -293,3 +316,40 @@ def test_any_json_fields_are_accepted_or_a_400_naming_a_field(fields: dict[str, 
         except Problem as problem:
             assert problem.status == 400
             assert problem.extra["errors"][0]["field"] in FIELD_NAMES
+
+
+async def test_a_client_that_leaves_mid_body_is_a_closed_request_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with sandbox_api() as api:
+        app = api.client._transport.app  # type: ignore[attr-defined]
+        incoming = [
+            {"type": "http.request", "body": b'{"to": "+49', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return incoming.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/messaging/v1/sms",
+            "raw_path": b"/messaging/v1/sms",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"apikey", API_KEY.encode()), (b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8100),
+        }
+        await app(scope, receive, send)
+        assert sent[0]["status"] == 400
+        assert api.sandbox.state.messages == {}
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

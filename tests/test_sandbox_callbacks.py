@@ -210,3 +210,80 @@ async def test_after_100_failures_in_a_row_the_sending_pauses_10_minutes(
     assert times == list(attempt_times(PLATFORM_SMS, START, succeed_at=102))
     assert times[100] - times[99] == timedelta(minutes=10)
     assert sent.state == "delivered"
+
+
+class Silent:
+    """A receiver on 127.0.0.1 that reads each request and never answers: counts what it saw
+    and how many it held at once."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.holding = 0
+        self.most = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        self.seen += 1
+        self.holding += 1
+        self.most = max(self.most, self.holding)
+        try:
+            await reader.read()  # until the sender gives up and closes
+        except ConnectionError:
+            pass
+        finally:
+            self.holding -= 1
+            writer.close()
+
+
+async def test_a_receiver_that_never_answers_holds_only_the_sends_in_flight() -> None:
+    silent = Silent()
+    server = await asyncio.start_server(silent.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    clock = SteppedClock(START)
+    limits = httpx.Limits(max_connections=5)
+    try:
+        async with httpx.AsyncClient(limits=limits) as client:
+            scheduler = Scheduler(State(), clock, client, max_in_flight=5, timeout=0.3)
+            task = asyncio.create_task(scheduler.run())
+            try:
+                sent = [
+                    scheduler.schedule(
+                        Callback(
+                            id=f"cb-{n}",
+                            subject=f"msg-{n}",
+                            kind="sms.dlr",
+                            label="report",
+                            url=f"http://127.0.0.1:{port}/hook",
+                            method="POST",
+                            body={"n": n},
+                            policy="platform-sms",
+                            due_at=START,
+                        )
+                    )
+                    for n in range(20)
+                ]
+                await eventually(lambda: all(cb.attempts for cb in sent), timeout=30)
+            finally:
+                task.cancel()
+    finally:
+        server.close()
+    attempts = [a for cb in sent for a in cb.attempts]
+    assert len(attempts) == silent.seen == 20  # each recorded attempt was sent, once
+    assert silent.most <= 5
+    assert {a.error for a in attempts} == {"no answer within 0.3 s"}
+
+
+async def test_a_callback_url_httpx_cannot_send_is_an_attempts_error(
+    running: Scheduler, sink: Sink
+) -> None:
+    scheduler = running
+    sent = scheduler.schedule(
+        callback(sink, url="http://127.0.0.1:abc/hook", policy="platform-status")
+    )
+    await eventually(lambda: sent.attempts)
+    assert sent.attempts[0].status_code is None
+    assert "cannot send" in (sent.attempts[0].error or "")

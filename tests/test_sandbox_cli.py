@@ -98,11 +98,17 @@ def test_the_config_file_sets_chaos_and_the_options_override_it(tmp_path: Path) 
     [
         (["--time-scale", "0"], "--time-scale"),
         (["--time-scale", "-1"], "--time-scale"),
+        (["--time-scale", "1e-300"], "--time-scale"),
+        (["--time-scale", "1e-9"], "--time-scale"),
+        (["--time-scale", "nan"], "--time-scale"),
+        (["--time-scale", "inf"], "--time-scale"),
         (["--time-scale", "fast"], "--time-scale"),
         (["--port", "70000"], "--port"),
         (["--port", ""], "--port"),
         (["--chaos", "meteor"], "--chaos"),
         (["--chaos", "duplicate=2"], "--chaos"),
+        (["--chaos", "duplicate=0_5"], "--chaos"),
+        (["--chaos", "duplicate=nan"], "--chaos"),
         (["--chaos", "duplicate=lots"], "--chaos"),
         (["--seed", "x"], "--seed"),
     ],
@@ -122,10 +128,19 @@ def test_bad_options_are_refused_before_start(args: list[str], message: str) -> 
         ("api_key = 5\n", "api_key"),
         ('inbound_url = "ftp://x"\n', "inbound_url"),
         ("time_scale = 0\n", "time_scale"),
+        ("time_scale = 1e-9\n", "time_scale"),
+        ("time_scale = nan\n", "time_scale"),
         ("[chaos]\nduplicate = 3\n", "chaos.duplicate"),
         ("[chaos]\nmeteor = 1\n", "chaos.meteor"),
         ('chaos = "all"\n', "chaos"),
         ('validity = "soon"\n', "validity"),
+        ('validity = "0s"\n', "validity"),
+        ('validity = "-1h"\n', "validity"),
+        ('validity = "31d"\n', "validity"),
+        ("validity = 3600\n", "validity"),
+        ('api_key = "a\\tb-long-enough"\n', "api_key"),
+        ('api_key = "s\u00e9same-ouvre-toi"\n', "api_key"),
+        ('api_key = "\u2603-snowman-key"\n', "api_key"),
     ],
 )
 def test_a_bad_config_file_is_one_clear_error(tmp_path: Path, content: str, message: str) -> None:
@@ -135,6 +150,20 @@ def test_a_bad_config_file_is_one_clear_error(tmp_path: Path, content: str, mess
     assert result.exit_code == 1
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/null", "."])
+def test_a_config_that_is_not_a_regular_file_is_refused(special: str) -> None:
+    result = CliRunner().invoke(main, ["sandbox", "--config", special])
+    assert result.exit_code in (1, 2), result.output
+    assert "config" in result.output
+
+
+def test_a_config_file_over_a_mebibyte_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "sandbox.toml"
+    config.write_text("# " + "x" * (1024 * 1024) + "\n")
+    result = CliRunner().invoke(main, ["sandbox", "--config", str(config)])
+    assert result.exit_code == 1 and "larger than" in result.output
 
 
 def test_a_missing_config_file_is_one_clear_error(tmp_path: Path) -> None:
@@ -152,6 +181,10 @@ def test_an_inbound_url_that_is_not_http_is_refused() -> None:
     [
         (["--inbound-url", ""], "inbound_url"),
         (["--inbound-url", "http://"], "inbound_url"),
+        (["--inbound-url", "http://127.0.0.1:99999/in"], "inbound_url"),
+        (["--inbound-url", "http://127.0.0.1:abc/in"], "inbound_url"),
+        (["--inbound-url", "http://127.0.0.1/in\tx"], "inbound_url"),
+        (["--inbound-url", "http://127.0.0.1/in\r\nX: 1"], "inbound_url"),
         (["--api-key", ""], "api_key"),
         (["--api-key", "   "], "api_key"),
         (["--host", "256.1.1.1"], "cannot listen"),

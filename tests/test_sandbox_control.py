@@ -130,7 +130,7 @@ async def test_reset_forgets_everything_and_cancels_pending_callbacks(sink: Sink
         assert answer.status_code == 204
         clock.advance(timedelta(hours=1))
         await api.sandbox.scheduler.idle()
-        assert (await api.client.get("/_sandbox/messages")).json() == {"messages": []}
+        assert (await api.client.get("/_sandbox/messages")).json()["messages"] == []
         assert api.sandbox.state.callbacks == {}
     assert [r["status"] for r in reports(sink)] in ([], ["ACCEPTED"])  # sent before the reset
 
@@ -140,3 +140,46 @@ async def test_the_magic_numbers_are_listed() -> None:
         listed = (await api.client.get("/_sandbox/numbers")).json()["numbers"]
     assert [n["number"] for n in listed] == [n.number for n in NUMBERS]
     assert {"number", "product", "outcome", "errorCode", "implemented"} <= set(listed[0])
+
+
+@pytest.mark.parametrize("path", ["/_sandbox/messages", "/_sandbox/messages/wait"])
+@pytest.mark.parametrize("status", ["bogus", "", "DELIVERED,REJECTED"])
+async def test_an_unknown_status_filter_is_a_400_naming_it(path: str, status: str) -> None:
+    async with sandbox_api() as api:
+        answer = await api.client.get(path, params={"status": status, "timeout": "0"})
+    assert answer.status_code == 400, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert [e["field"] for e in answer.json()["errors"]] == ["status"]
+
+
+async def test_the_message_list_is_paged_by_limit_and_offset() -> None:
+    async with sandbox_api() as api:
+        for n in range(5):
+            await api.send(message=f"hello {n}")
+        default = (await api.client.get("/_sandbox/messages")).json()
+        page = (await api.client.get("/_sandbox/messages?limit=2&offset=3")).json()
+    assert (default["total"], default["limit"], default["offset"]) == (5, 100, 0)
+    assert len(default["messages"]) == 5
+    assert [m["message"] for m in page["messages"]] == ["hello 3", "hello 4"]
+    assert (page["total"], page["limit"], page["offset"]) == (5, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=0",
+        "limit=1001",
+        "limit=",
+        "limit=ten",
+        "limit=1_0",
+        "limit=%D9%A1",
+        "offset=-1",
+        "offset=" + "9" * 5000,
+        "limit=1&limit=2",
+    ],
+)
+async def test_a_bad_paging_parameter_is_a_400_naming_it(query: str) -> None:
+    async with sandbox_api() as api:
+        answer = await api.client.get("/_sandbox/messages?" + query)
+    assert answer.status_code == 400, answer.text
+    assert [e["field"] for e in answer.json()["errors"]] == [query.split("=")[0]]

@@ -193,6 +193,20 @@ async def test_a_conversion_is_recorded() -> None:
     ]
 
 
+async def test_a_message_keeps_its_latest_100_conversions_and_counts_all() -> None:
+    async with sandbox_api() as api:
+        request_id = (await api.send()).json()["requestId"]
+        for n in range(105):
+            stamp = f"2026-11-26T12:{n // 60:02d}:{n % 60:02d}Z"
+            await api.client.post(
+                "/messaging/v1/conversion", json={"requestId": request_id, "timestamp": stamp}
+            )
+        [listed] = (await api.client.get("/_sandbox/messages")).json()["messages"]
+    assert listed["conversionCount"] == 105
+    assert len(listed["conversions"]) == 100
+    assert listed["conversions"][0]["timestamp"] == "2026-11-26T12:00:05Z"
+
+
 async def test_a_conversion_for_an_unknown_request_id_is_a_404_problem() -> None:
     async with sandbox_api() as api:
         answer = await api.client.post("/messaging/v1/conversion", json={"requestId": "nope"})

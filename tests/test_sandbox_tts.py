@@ -132,6 +132,10 @@ async def test_events_of_an_unknown_call_are_a_404_problem(call_id: str) -> None
         ({"eventsUrl": "ftp://example.com/"}, "eventsUrl"),
         ({"eventsUrl": "/relative"}, "eventsUrl"),
         ({"eventsUrl": 12}, "eventsUrl"),
+        ({"eventsUrl": "http://example.com:99999/"}, "eventsUrl"),
+        ({"eventsUrl": "http://example.com:abc/"}, "eventsUrl"),
+        ({"eventsUrl": "http://example.com/\r\n"}, "eventsUrl"),
+        ({"eventsUrl": "http://example.com/\t"}, "eventsUrl"),
     ],
 )
 async def test_bad_fields_are_a_400_naming_the_field(changes: dict[str, Any], field: str) -> None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -21,6 +21,7 @@ from relay.sandbox.page import page_routes
 from relay.sandbox.products import product_routes
 from relay.sandbox.sandbox import Sandbox
 from relay.sandbox.sms_request import invalid, parse_sms
+from relay.sandbox.state import CONVERSIONS_KEPT
 from relay.sandbox.web import (
     authorize,
     forced_chaos,
@@ -97,6 +98,8 @@ def build_app(sandbox: Sandbox) -> Starlette:
                 "timestamp": timestamp or sandbox.clock.now().isoformat(),
             }
         )
+        del message.conversions[:-CONVERSIONS_KEPT]
+        message.conversion_count += 1
         sandbox.state.changed()
         return Response(status_code=200, headers={"cache-control": "no-store"})
 
@@ -118,6 +121,7 @@ def build_app(sandbox: Sandbox) -> Starlette:
         lifespan=lifespan,
         exception_handlers={
             Problem: _problem,
+            ClientDisconnect: _client_gone,
             HTTPException: _http_problem,
             Exception: _server_problem,
         },
@@ -141,6 +145,12 @@ def _is_datetime(value: str) -> bool:
 async def _problem(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Problem)
     return exc.response()
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The client left before its body was read: a closed request, not a server error (no
+    traceback); the answer goes nowhere."""
+    return Response(status_code=400, headers={"connection": "close"})
 
 
 async def _http_problem(request: Request, exc: Exception) -> Response:

@@ -31,6 +31,10 @@ from relay.simulator.clocks import Clock, VirtualClock
 from relay.simulator.wire import query_fields
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
+MAX_IN_FLIGHT = 100
+"""Callbacks sent at once per sandbox (the size of its HTTP client's connection pool): the
+others wait in the scheduler's own queue, not in the client's pool, and their answer timeout
+starts only once they are sent."""
 USER_AGENT = "callback-relay-sandbox"
 Action = Callable[[], Awaitable[None]]
 log = logging.getLogger(__name__)
@@ -46,6 +50,8 @@ class Scheduler:
         client: httpx.AsyncClient,
         *,
         policies: Mapping[str, Policy] = BUILTIN_POLICIES,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         self.state = state
         self.clock = clock
@@ -60,6 +66,10 @@ class Scheduler:
         """Per subject: callbacks waiting for the one in progress to finish."""
         self._busy: set[str] = set()
         self._health: dict[str, DestinationHealth] = {}
+        self._sending = asyncio.Semaphore(max_in_flight)
+        """Bounds the sends in flight (:data:`MAX_IN_FLIGHT`); keep it <= the client's pool."""
+        self.timeout = timeout
+        """Seconds a receiver has to answer when its policy sets no budget."""
 
     # --- the timeline ------------------------------------------------------------------------
 
@@ -210,42 +220,50 @@ class Scheduler:
         resent: bool = False,
     ) -> CallbackAttempt:
         policy = self.policies[callback.policy]
-        timeout = (
+        seconds = (
             policy.answer_budget.total_seconds() if policy.answer_budget else None
-        ) or DEFAULT_TIMEOUT_SECONDS
-        url = httpx.URL(callback.url)
+        ) or self.timeout
+        # the pool never makes a send wait: the semaphore keeps the sends under its size
+        timeout = httpx.Timeout(seconds, pool=None)
         headers = {"user-agent": USER_AGENT}
         content: bytes | None = None
-        if callback.method == "GET":
-            url = url.copy_merge_params(query_fields(callback.body))
-        else:
-            content = json.dumps(callback.body, ensure_ascii=False, separators=(",", ":")).encode()
-            headers["content-type"] = "application/json"
-        sent = self.clock.now()
-        started = time.perf_counter()
         status: int | None = None
         error: str | None = None
         answer = b""
-        try:
-            async with self.client.stream(
-                callback.method, url, content=content, headers=headers, timeout=timeout
-            ) as response:
-                status = response.status_code
-                async for chunk in response.aiter_bytes():
-                    answer += chunk
-                    if len(answer) >= ANSWER_EXCERPT * 4:
-                        break
-        except httpx.TimeoutException:
-            error = f"no answer within {timeout:g} s"
-        except httpx.HTTPError as exc:
-            error = describe_error(exc)
+        async with self._sending:
+            sent = self.clock.now()
+            started = time.perf_counter()
+            try:
+                url = httpx.URL(callback.url)
+                if callback.method == "GET":
+                    url = url.copy_merge_params(query_fields(callback.body))
+                else:
+                    content = json.dumps(
+                        callback.body, ensure_ascii=False, separators=(",", ":")
+                    ).encode()
+                    headers["content-type"] = "application/json"
+                async with self.client.stream(
+                    callback.method, url, content=content, headers=headers, timeout=timeout
+                ) as response:
+                    status = response.status_code
+                    async for chunk in response.aiter_bytes():
+                        answer += chunk
+                        if len(answer) >= ANSWER_EXCERPT * 4:
+                            break
+            except httpx.TimeoutException:
+                error = f"no answer within {seconds:g} s"
+            except httpx.HTTPError as exc:
+                error = describe_error(exc)
+            except Exception as exc:  # a bad URL or body: this attempt's error
+                error = f"cannot send: {type(exc).__name__}: {exc}"[:ANSWER_EXCERPT]
+            duration_ms = (time.perf_counter() - started) * 1000
         return CallbackAttempt(
             number=len(callback.attempts) + 1,
             scheduled_at=scheduled,
             sent_at=sent,
             status_code=status,
             error=error,
-            duration_ms=(time.perf_counter() - started) * 1000,
+            duration_ms=duration_ms,
             answer=answer.decode("utf-8", "replace")[:ANSWER_EXCERPT],
             duplicate=duplicate,
             resent=resent,

@@ -14,10 +14,24 @@ import uvicorn
 
 from relay.sandbox.app import build_app
 from relay.sandbox.numbers import ANY_OTHER, NUMBERS
+from relay.sandbox.numerals import decimal
 from relay.sandbox.sandbox import Sandbox
-from relay.sandbox.settings import CHAOS_NAMES, SandboxSettingsError, load_sandbox_settings
+from relay.sandbox.settings import (
+    CHAOS_NAMES,
+    MAX_TIME_SCALE,
+    MIN_TIME_SCALE,
+    SandboxSettingsError,
+    load_sandbox_settings,
+)
 
 BACKLOG = 2048
+
+
+def _finite(value: float | None) -> float | None:
+    """``--time-scale``: refuse nan (a range check lets it through)."""
+    if value is not None and value != value:
+        raise click.BadParameter("nan is not a number", param_hint="--time-scale")
+    return value
 
 
 def parse_chaos(values: tuple[str, ...]) -> dict[str, float]:
@@ -31,7 +45,7 @@ def parse_chaos(values: tuple[str, ...]) -> dict[str, float]:
                 f"{name!r} is not one of {', '.join(CHAOS_NAMES)}", param_hint="--chaos"
             )
         try:
-            rate = float(share) if sep else 1.0
+            rate = decimal(share.strip()) if sep else 1.0
         except ValueError:
             rate = -1.0
         if not 0 <= rate <= 1:
@@ -55,8 +69,10 @@ def parse_chaos(values: tuple[str, ...]) -> dict[str, float]:
 )
 @click.option(
     "--time-scale",
-    type=click.FloatRange(min=0, min_open=True, max=1000),
-    help="Platform time runs 1/F times faster: 0.001 runs 48 h of retries in ~3 min.  [default: 1]",
+    type=click.FloatRange(min=MIN_TIME_SCALE, max=MAX_TIME_SCALE),
+    callback=lambda _ctx, _param, value: _finite(value),
+    help="Platform time runs 1/F times faster: 0.001 runs 48 h of retries in ~3 min "
+    f"({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g}).  [default: 1]",
 )
 @click.option(
     "--config",

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from receivers.problems import Problem
 from relay.sandbox import inbound_sms, numbers
+from relay.sandbox.numerals import decimal, whole
 from relay.sandbox.sms import report
 from relay.sandbox.state import Message, iso
 from relay.sandbox.web import authorize, json_response, read_json_object, single_query
@@ -27,6 +28,10 @@ PREFIX = "/_sandbox"
 WAIT_DEFAULT_SECONDS = 10.0
 WAIT_MAX_SECONDS = 60.0
 FILTERS = ("to", "text", "status")
+PAGING = ("limit", "offset")
+LIMIT_DEFAULT = 100
+LIMIT_MAX = 1000
+MESSAGE_STATUSES = ("ACCEPTED", "BUFFERED", "DELIVERED", "UNDELIVERABLE", "REJECTED", "EXPIRED")
 
 
 def message_json(sandbox: Sandbox, message: Message) -> dict[str, Any]:
@@ -44,6 +49,7 @@ def message_json(sandbox: Sandbox, message: Message) -> dict[str, Any]:
         "chaos": sorted(message.chaos),
         "history": [{"status": s, "at": iso(at)} for s, at in message.history],
         "conversions": message.conversions,
+        "conversionCount": message.conversion_count,
         "callbacks": [
             sandbox.state.callbacks[c].as_json()
             for c in message.callbacks
@@ -54,10 +60,13 @@ def message_json(sandbox: Sandbox, message: Message) -> dict[str, Any]:
 
 def _filters(request: Request) -> dict[str, str]:
     query = single_query(request)
-    unknown = set(query) - {*FILTERS, "timeout"}
+    unknown = set(query) - {*FILTERS, *PAGING, "timeout"}
     if unknown:
         name = sorted(unknown)[0]
         raise _invalid(name, "is not a filter (to, text, status)")
+    status = query.get("status")
+    if status is not None and status.upper() not in MESSAGE_STATUSES:
+        raise _invalid("status", f"is not one of {', '.join(MESSAGE_STATUSES)}")
     return {k: v for k, v in query.items() if k in FILTERS}
 
 
@@ -79,12 +88,26 @@ def _invalid(field: str, message: str) -> Problem:
     )
 
 
+def _whole(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """A paging parameter: ASCII digits from ``low`` to ``high`` (``default`` when absent)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = whole(raw)
+    except ValueError:
+        raise _invalid(name, f"must be a whole number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise _invalid(name, f"must be a whole number from {low} to {high}")
+    return value
+
+
 def _timeout(request: Request) -> float:
     raw = request.query_params.get("timeout")
     if raw is None:
         return WAIT_DEFAULT_SECONDS
     try:
-        value = float(raw)
+        value = decimal(raw)
     except ValueError:
         raise _invalid("timeout", "must be a number of seconds") from None
     if not 0 <= value <= WAIT_MAX_SECONDS:
@@ -104,12 +127,13 @@ def control_routes(sandbox: Sandbox) -> list[Route]:
 
     async def list_messages(request: Request) -> Response:
         filters = _filters(request)
-        found = [
-            message_json(sandbox, m)
-            for m in sandbox.state.messages.values()
-            if _matches(m, filters)
-        ]
-        return json_response({"messages": found})
+        limit = _whole(request, "limit", LIMIT_DEFAULT, 1, LIMIT_MAX)
+        offset = _whole(request, "offset", 0, 0, 10**9)
+        matching = [m for m in sandbox.state.messages.values() if _matches(m, filters)]
+        page = [message_json(sandbox, m) for m in matching[offset : offset + limit]]
+        return json_response(
+            {"messages": page, "total": len(matching), "limit": limit, "offset": offset}
+        )
 
     async def wait_for_message(request: Request) -> Response:
         filters = _filters(request)

@@ -11,7 +11,8 @@ from types import TracebackType
 
 import httpx
 
-from relay.sandbox.callbacks import Scheduler
+from relay.sandbox.bounded_clock import BoundedClock
+from relay.sandbox.callbacks import MAX_IN_FLIGHT, Scheduler
 from relay.sandbox.settings import API_CHAOS, CHAOS_NAMES, SandboxSettings
 from relay.sandbox.state import State
 from relay.simulator.clocks import Clock, ScaledClock
@@ -30,13 +31,17 @@ class Sandbox:
         self.settings = settings or SandboxSettings()
         given = self.settings.api_key
         self.api_key = given.get_secret_value() if given else secrets.token_urlsafe(24)
-        self.clock: Clock = clock or ScaledClock(self.settings.time_scale)
+        self.clock: Clock = clock or BoundedClock(ScaledClock(self.settings.time_scale))
         self.base_url = base_url
         """The sandbox's own URL, for the ``href`` of its answers (set once it listens)."""
         self.state = State()
         self.rng = random.Random(self.settings.seed)
-        self.client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
-        self.scheduler = Scheduler(self.state, self.clock, self.client)
+        self.client = httpx.AsyncClient(
+            follow_redirects=False,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=MAX_IN_FLIGHT),
+        )
+        self.scheduler = Scheduler(self.state, self.clock, self.client, max_in_flight=MAX_IN_FLIGHT)
         self._runner: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Sandbox:

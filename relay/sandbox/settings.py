@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from relay.durations import Duration
@@ -19,6 +20,12 @@ INTERNATIONAL = re.compile(r"\+[1-9][0-9]{6,14}")
 CHAOS_NAMES = ("api-429", "api-500", "duplicate", "out-of-order", "slow")
 """The kinds of chaos, as named in the ``X-Sandbox-Chaos`` header and ``--chaos``."""
 API_CHAOS = frozenset({"api-429", "api-500"})
+MIN_TIME_SCALE = 1e-6
+"""The fastest platform time: a million times real time (48 h in 0.17 s); faster ones would
+run past the year 9999 within days (and 1e-300 overflows at once)."""
+MAX_TIME_SCALE = 1000.0
+MAX_VALIDITY = timedelta(days=30)
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 class ChaosSettings(BaseModel):
@@ -42,12 +49,21 @@ class ChaosSettings(BaseModel):
 
 
 def http_url(value: str | None) -> str | None:
-    """An absolute http(s) URL with a host, or None; ValueError otherwise."""
+    """An absolute http(s) URL with a host that the sandbox's HTTP client can send to (no
+    control character or space, a port from 1 to 65535), or None; ValueError otherwise."""
     if value is None:
         return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not value.isprintable() or any(c.isspace() for c in value):
+        raise ValueError("must be an http(s) URL with a host (no space or control character)")
+    try:
+        url = httpx.URL(value)
+        port = urlsplit(value).port
+    except (httpx.InvalidURL, ValueError):
+        raise ValueError("must be an http(s) URL with a host and a port from 1 to 65535") from None
+    if url.scheme not in ("http", "https") or not url.host:
         raise ValueError("must be an http(s) URL with a host")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError("must be an http(s) URL with a host and a port from 1 to 65535")
     return value
 
 
@@ -60,7 +76,9 @@ class SandboxSettings(BaseModel):
     port: int = Field(default=8100, ge=0, le=65535)
     api_key: SecretStr | None = None
     """The key the app sends in the ``apikey`` header; generated at start when not given."""
-    time_scale: float = Field(default=1.0, gt=0, le=1000)
+    time_scale: float = Field(
+        default=1.0, ge=MIN_TIME_SCALE, le=MAX_TIME_SCALE, allow_inf_nan=False
+    )
     """Platform time runs ``1 / time_scale`` times faster (0.001: 48 h in ~3 min)."""
     inbound_url: str | None = None
     """Where inbound SMS (a magic number's reply, the control API's) are sent; none: they are
@@ -98,8 +116,29 @@ class SandboxSettings(BaseModel):
     @field_validator("api_key")
     @classmethod
     def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().strip():
+        if value is None:
+            return None
+        key = value.get_secret_value()
+        if not key.strip():
             raise ValueError("must not be empty")
+        if not all(" " < c < "\x7f" for c in key):
+            raise ValueError(
+                "must be visible ASCII characters (an HTTP header cannot carry the others)"
+            )
+        return value
+
+    @field_validator("validity", mode="before")
+    @classmethod
+    def _validity_text(cls, value: Any) -> Any:
+        if not isinstance(value, str | timedelta):
+            raise ValueError('must be a duration with its unit, e.g. "48h" or "30m"')
+        return value
+
+    @field_validator("validity")
+    @classmethod
+    def _validity_positive(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) < value <= MAX_VALIDITY:
+            raise ValueError("must be more than 0 and at most 30 days")
         return value
 
 
@@ -112,12 +151,24 @@ class SandboxSettingsError(ValueError):
     """Settings that cannot be used; the message says which and why (never a key's value)."""
 
 
+def _read_config(path: Path) -> str:
+    """A config file's text: a regular file (not a device or a pipe, which may never end) of
+    at most :data:`MAX_CONFIG_BYTES`."""
+    if path.exists() and not path.is_file():
+        raise SandboxSettingsError(f"config file {path} is not a regular file")
+    with path.open("rb") as file:
+        data = file.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SandboxSettingsError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    return data.decode("utf-8")
+
+
 def load_sandbox_settings(path: Path | None, overrides: dict[str, Any]) -> SandboxSettings:
     """The TOML file's settings (if any) with ``overrides`` (non-None values) on top."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomllib.loads(_read_config(path))
         except FileNotFoundError:
             raise SandboxSettingsError(f"config file {path} does not exist") from None
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

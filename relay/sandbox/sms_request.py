@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from receivers.problems import Problem
+from relay.sandbox.numerals import decimal, whole
 from relay.sandbox.segments import Segmented, segment
 from relay.sandbox.settings import INTERNATIONAL, http_url
 
@@ -22,6 +23,8 @@ MAX_TEXT = 10_000
 """Characters; longer texts are refused (the platform's bound is not published)."""
 MAX_URL = 2_000
 MAX_REFERENCE = 255
+MAX_PART_LIMIT = MAX_TEXT
+"""No text has more parts than characters."""
 MAX_VALIDITY_MINUTES = 43_200
 """30 days (an assumption: the platform's bound is not published)."""
 BOOLEANS = ("conversion", "upperCased", "keepEmojis", "flash")
@@ -84,12 +87,12 @@ def _number(fields: Mapping[str, Any], name: str, *, integer: bool) -> float | N
         raise invalid(name, expected)
     if isinstance(value, str):
         try:
-            value = int(value) if integer else float(value)
+            value = whole(value) if integer else decimal(value)
         except ValueError:
             raise invalid(name, expected) from None
     if not isinstance(value, int | float) or (integer and not isinstance(value, int)):
         raise invalid(name, expected)
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise invalid(name, "must be a finite number")
     return value
 
@@ -118,11 +121,11 @@ def parse_sms(fields: Mapping[str, Any], now: datetime) -> SmsRequest:
     except ValueError as exc:
         raise invalid("encoding", str(exc)) from None
     limit = _number(fields, "partLimit", integer=True)
-    if limit is not None and limit < 1:
-        raise invalid("partLimit", "must be at least 1")
+    if limit is not None and not 1 <= limit <= MAX_PART_LIMIT:
+        raise invalid("partLimit", f"must be 1 to {MAX_PART_LIMIT}")
     if limit is not None and len(segmented.parts) > limit:
         raise invalid(
-            "partLimit", f"the message needs {len(segmented.parts)} parts, the limit is {limit:g}"
+            "partLimit", f"the message needs {len(segmented.parts)} parts, the limit is {limit}"
         )
     callback_url = _text(fields, "callbackUrl")
     if callback_url is not None:

@@ -16,6 +16,8 @@ FINISHED = frozenset({"delivered", "given-up", "cancelled"})
 """Callback states after which nothing more happens."""
 ANSWER_EXCERPT = 500
 """How much of a receiver's answer body an attempt keeps (characters)."""
+CONVERSIONS_KEPT = 100
+"""Conversions kept per message: the latest."""
 ATTEMPTS_LISTED = 100
 """Attempts of one callback in the control API's answers: the first and the latest 99 (a
 callback failing for 48 h on the platform-sms schedule has 17,000)."""
@@ -133,6 +135,9 @@ class Message:
     chaos: frozenset[str] = frozenset()
     history: list[tuple[str, datetime]] = field(default_factory=list)
     conversions: list[dict[str, Any]] = field(default_factory=list)
+    """The latest :data:`CONVERSIONS_KEPT` conversions reported (an app may report without end)."""
+    conversion_count: int = 0
+    """All conversions reported, kept or not."""
     callbacks: list[str] = field(default_factory=list)
     """Ids of this message's callbacks, in the order they were scheduled."""
     part_ids: list[str] = field(default_factory=list)

@@ -34,6 +34,7 @@ def authorize(request: Request, api_key: str) -> None:
             "unauthorized",
             "Unauthorized",
             "Send the sandbox's API key, once, in the apikey header.",
+            headers={"www-authenticate": "apikey"},
         )
 
 
@@ -93,7 +94,7 @@ async def read_json_object(request: Request) -> dict[str, Any]:
         document = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise bad_body("is not UTF-8") from None
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: an integer over 4,300 digits too
         raise bad_body("is not JSON") from None
     if not isinstance(document, dict):
         raise bad_body("is not a JSON object")
