@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -117,6 +119,53 @@ def test_wait_for_fails_the_test_when_nothing_matches() -> None:
     try:
         with pytest.raises(AssertionError, match="no SMS matched"):
             api.wait_for(to="+4915112345678", timeout=0)
+    finally:
+        api.stop()
+
+
+def test_a_receiver_that_never_answers_fails_advance_clearly_and_leaves_the_fixture_usable() -> (
+    None
+):
+    silent = socket.socket()  # listens, never accepts: the request is sent, never answered
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    api = PlatformApi()
+    try:
+        body = {
+            "to": "+4915112345678",
+            "from": "ACME",
+            "message": "hi",
+            "callbackUrl": f"http://127.0.0.1:{silent.getsockname()[1]}/never",
+        }
+        httpx.post(f"{api.base_url}/messaging/v1/sms", headers={"apikey": api.api_key}, json=body)
+        with pytest.raises(AssertionError, match=r"advance\(2 days.*did not finish within 0.5 s"):
+            api.advance(timedelta(hours=49), timeout=0.5)
+        assert [m["to"] for m in api.messages] == ["+4915112345678"]  # still answers
+    finally:
+        api.stop()
+        silent.close()
+
+
+@pytest.mark.parametrize(
+    ("delta", "error"),
+    [(True, TypeError), ("5", TypeError), (None, TypeError), (float("nan"), ValueError),
+     (float("inf"), ValueError), (-1, ValueError), (timedelta(seconds=-1), ValueError)],
+)  # fmt: skip
+def test_advance_refuses_what_is_not_a_step_forward(delta: object, error: type) -> None:
+    api = PlatformApi()
+    try:
+        with pytest.raises(error):
+            api.advance(delta)  # type: ignore[arg-type]
+    finally:
+        api.stop()
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, 1e9, True, "1"])
+def test_wait_for_refuses_a_timeout_it_cannot_wait(timeout: object) -> None:
+    api = PlatformApi()
+    try:
+        with pytest.raises((TypeError, ValueError)):
+            api.wait_for(text="hi", timeout=timeout)  # type: ignore[arg-type]
     finally:
         api.stop()
 

@@ -10,6 +10,8 @@ sandbox saw. Every method has an ``_async`` twin for async tests (the sync ones 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import math
 import socket
 import threading
 from collections.abc import Callable, Coroutine
@@ -66,8 +68,18 @@ class PlatformApi:
         self._ready.set()
         await task
 
-    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
-        return asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
+    def _call(
+        self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float, what: str = "the call"
+    ) -> T:
+        """Run ``make()`` in the sandbox's loop; past ``timeout`` seconds it is cancelled and
+        the test fails saying what did not finish (never a bare timeout, nor a task left
+        running into the next test)."""
+        future = asyncio.run_coroutine_threadsafe(make(), self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise AssertionError(f"{what} did not finish within {timeout:g} s") from None
 
     async def _call_async(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), self._loop))
@@ -78,16 +90,26 @@ class PlatformApi:
         """The sandbox's time."""
         return self.clock.now()
 
-    def advance(self, delta: timedelta | float) -> None:
+    def advance(self, delta: timedelta | float, *, timeout: float = WAIT_SECONDS) -> None:
         """Move time forward (a timedelta or seconds) and return once every callback due by
-        then was sent and answered."""
-        self._call(lambda: self._advance(delta), WAIT_SECONDS)
+        then was sent and answered. A receiver that never answers holds each attempt for the
+        callbacks' answer timeout (10 s, real time): past ``timeout`` real seconds the test
+        fails naming the callbacks still being sent."""
+        step = _step(delta)
+        _check_timeout(timeout)
+        self._call(lambda: self._advance(step), timeout, self._unsettled_what(step))
 
     async def advance_async(self, delta: timedelta | float) -> None:
-        await self._call_async(lambda: self._advance(delta))
+        step = _step(delta)
+        await self._call_async(lambda: self._advance(step))
 
-    async def _advance(self, delta: timedelta | float) -> None:
-        step = delta if isinstance(delta, timedelta) else timedelta(seconds=delta)
+    def _unsettled_what(self, step: timedelta) -> str:
+        return (
+            f"advance({step}): the callbacks due (a receiver that does not answer holds each "
+            "attempt for 10 s; see platform_api.callbacks, or pass a longer timeout=)"
+        )
+
+    async def _advance(self, step: timedelta) -> None:
         await self.sandbox.scheduler.idle()
         self.clock.advance(step)
         await asyncio.sleep(0)  # the scheduler wakes and takes what is due
@@ -142,6 +164,7 @@ class PlatformApi:
         """The first SMS sent to ``to``, holding ``text``, in ``status`` (each optional), once
         there is one (real time: the app may send from another thread); AssertionError after
         ``timeout`` seconds. Time on the clock does not move meanwhile: :meth:`advance`."""
+        _check_timeout(timeout)
         return self._call(lambda: self._wait_for(to, text, status, timeout), timeout + 5)
 
     async def wait_for_async(
@@ -152,6 +175,7 @@ class PlatformApi:
         status: str | None = None,
         timeout: float = WAIT_SECONDS,
     ) -> dict[str, Any]:
+        _check_timeout(timeout)
         return await self._call_async(lambda: self._wait_for(to, text, status, timeout))
 
     async def _wait_for(
@@ -194,3 +218,28 @@ def _matches(message: Any, wanted: dict[str, str]) -> bool:
         and wanted.get("text", "") in message.text
         and wanted.get("status", message.status).upper() == message.status
     )
+
+
+MAX_TIMEOUT_SECONDS = 3600.0
+
+
+def _step(delta: timedelta | float) -> timedelta:
+    """``delta`` as a forward step of time: a timedelta or a number of seconds (not a bool),
+    zero or more."""
+    if isinstance(delta, bool) or not isinstance(delta, timedelta | int | float):
+        raise TypeError(f"advance() takes a timedelta or seconds, not {delta!r}")
+    if not isinstance(delta, timedelta):
+        if not math.isfinite(delta):
+            raise ValueError(f"advance() takes a finite number of seconds, not {delta!r}")
+        delta = timedelta(seconds=delta)
+    if delta < timedelta(0):
+        raise ValueError(f"time only moves forward: advance({delta})")
+    return delta
+
+
+def _check_timeout(timeout: float) -> None:
+    """A real-time bound the fixture can wait: a number from 0 to an hour."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout is a number of seconds, not {timeout!r}")
+    if not 0 <= timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"timeout must be 0 to {MAX_TIMEOUT_SECONDS:g} seconds, not {timeout!r}")
