@@ -7,24 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from relay.sandbox.settings import http_url
-from relay.sandbox.sms_request import INTERNATIONAL, MAX_URL, invalid
-
-
-def text(fields: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
-    """A string field; missing or empty is None (or 400 when ``required``)."""
-    value = fields.get(name)
-    if value is None or value == "":
-        if required:
-            raise invalid(name, "is required")
-        return None
-    if not isinstance(value, str):
-        raise invalid(name, "must be a string")
-    return value
+from relay.sandbox.sms_request import INTERNATIONAL, MAX_URL, invalid, string_field
 
 
 def international(fields: Mapping[str, Any], name: str) -> str:
     """A required number in international format (``+`` and 7 to 15 digits)."""
-    value = text(fields, name, required=True) or ""
+    value = string_field(fields, name, required=True) or ""
     if not INTERNATIONAL.fullmatch(value):
         raise invalid(name, "must be a number in international format (+ and 7 to 15 digits)")
     return value
@@ -32,7 +20,7 @@ def international(fields: Mapping[str, Any], name: str) -> str:
 
 def callback_url(fields: Mapping[str, Any], name: str) -> str | None:
     """An optional http(s) URL with a host (empty: none)."""
-    value = text(fields, name)
+    value = string_field(fields, name)
     if value is None:
         return None
     if len(value) > MAX_URL:

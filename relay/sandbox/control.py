@@ -18,6 +18,7 @@ from receivers.problems import Problem
 from relay.sandbox import inbound_sms, numbers
 from relay.sandbox.numerals import decimal, whole
 from relay.sandbox.sms import report
+from relay.sandbox.sms_request import invalid
 from relay.sandbox.state import Message, iso
 from relay.sandbox.web import authorize, json_response, read_json_object, single_query
 
@@ -63,10 +64,10 @@ def _filters(request: Request) -> dict[str, str]:
     unknown = set(query) - {*FILTERS, *PAGING, "timeout"}
     if unknown:
         name = sorted(unknown)[0]
-        raise _invalid(name, "is not a filter (to, text, status)")
+        raise invalid(name, "is not a filter (to, text, status)")
     status = query.get("status")
     if status is not None and status.upper() not in MESSAGE_STATUSES:
-        raise _invalid("status", f"is not one of {', '.join(MESSAGE_STATUSES)}")
+        raise invalid("status", f"is not one of {', '.join(MESSAGE_STATUSES)}")
     return {k: v for k, v in query.items() if k in FILTERS}
 
 
@@ -78,16 +79,6 @@ def _matches(message: Message, filters: dict[str, str]) -> bool:
     )
 
 
-def _invalid(field: str, message: str) -> Problem:
-    return Problem(
-        400,
-        "invalid-request",
-        "Bad Request",
-        f"{field}: {message}",
-        errors=[{"field": field, "message": message}],
-    )
-
-
 def _whole(request: Request, name: str, default: int, low: int, high: int) -> int:
     """A paging parameter: ASCII digits from ``low`` to ``high`` (``default`` when absent)."""
     raw = request.query_params.get(name)
@@ -96,9 +87,9 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
     try:
         value = whole(raw)
     except ValueError:
-        raise _invalid(name, f"must be a whole number from {low} to {high}") from None
+        raise invalid(name, f"must be a whole number from {low} to {high}") from None
     if not low <= value <= high:
-        raise _invalid(name, f"must be a whole number from {low} to {high}")
+        raise invalid(name, f"must be a whole number from {low} to {high}")
     return value
 
 
@@ -109,9 +100,9 @@ def _timeout(request: Request) -> float:
     try:
         value = decimal(raw)
     except ValueError:
-        raise _invalid("timeout", "must be a number of seconds") from None
+        raise invalid("timeout", "must be a number of seconds") from None
     if not 0 <= value <= WAIT_MAX_SECONDS:
-        raise _invalid("timeout", f"must be 0 to {WAIT_MAX_SECONDS:g} seconds")
+        raise invalid("timeout", f"must be 0 to {WAIT_MAX_SECONDS:g} seconds")
     return value
 
 

@@ -58,7 +58,8 @@ def invalid(field: str, message: str) -> Problem:
     )
 
 
-def _text(fields: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
+def string_field(fields: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
+    """A string field; missing or empty is None (or 400 when ``required``)."""
     value = fields.get(name)
     if value is None or value == "":
         if required:
@@ -105,19 +106,19 @@ def _number_field(name: str, value: str) -> str:
 
 def parse_sms(fields: Mapping[str, Any], now: datetime) -> SmsRequest:
     """Check a send request's fields; raise the 400 :class:`Problem` of the first bad one."""
-    to = _number_field("to", _text(fields, "to", required=True) or "")
-    sender = _text(fields, "from", required=True) or ""
+    to = _number_field("to", string_field(fields, "to", required=True) or "")
+    sender = string_field(fields, "from", required=True) or ""
     if sender.startswith("+") or sender.isdigit():
         _number_field("from", sender)
     elif len(sender) > 11:
         raise invalid("from", "an alphanumeric sender has at most 11 characters")
     elif not ALPHANUMERIC.fullmatch(sender):
         raise invalid("from", "an alphanumeric sender has letters, digits, space and . _ & -")
-    text = _text(fields, "message", required=True) or ""
+    text = string_field(fields, "message", required=True) or ""
     if len(text) > MAX_TEXT:
         raise invalid("message", f"has more than {MAX_TEXT} characters")
     try:
-        segmented = segment(text, _text(fields, "encoding") or "AUTO")
+        segmented = segment(text, string_field(fields, "encoding") or "AUTO")
     except ValueError as exc:
         raise invalid("encoding", str(exc)) from None
     limit = _number(fields, "partLimit", integer=True)
@@ -127,7 +128,7 @@ def parse_sms(fields: Mapping[str, Any], now: datetime) -> SmsRequest:
         raise invalid(
             "partLimit", f"the message needs {len(segmented.parts)} parts, the limit is {limit}"
         )
-    callback_url = _text(fields, "callbackUrl")
+    callback_url = string_field(fields, "callbackUrl")
     if callback_url is not None:
         if len(callback_url) > MAX_URL:
             raise invalid("callbackUrl", f"has more than {MAX_URL} characters")
@@ -135,10 +136,10 @@ def parse_sms(fields: Mapping[str, Any], now: datetime) -> SmsRequest:
             http_url(callback_url)
         except ValueError as exc:
             raise invalid("callbackUrl", str(exc)) from None
-    method = (_text(fields, "callbackMethod") or "POST").upper()
+    method = (string_field(fields, "callbackMethod") or "POST").upper()
     if method not in ("POST", "GET"):
         raise invalid("callbackMethod", "must be POST or GET")
-    reference = _text(fields, "reference")
+    reference = string_field(fields, "reference")
     if reference is not None and len(reference) > MAX_REFERENCE:
         raise invalid("reference", f"has more than {MAX_REFERENCE} characters")
     minutes = _number(fields, "validity", integer=True)
@@ -149,7 +150,7 @@ def parse_sms(fields: Mapping[str, Any], now: datetime) -> SmsRequest:
         if fraction is not None and not 0 <= fraction <= 1:
             raise invalid(name, "must be a decimal from 0 to 1")
     flags = {name: _boolean(fields, name) for name in BOOLEANS}
-    _text(fields, "gateway")
+    string_field(fields, "gateway")
     return SmsRequest(
         to=to,
         sender=sender,
@@ -159,7 +160,7 @@ def parse_sms(fields: Mapping[str, Any], now: datetime) -> SmsRequest:
         callback_url=callback_url,
         callback_method=method,
         validity=None if minutes is None else timedelta(minutes=minutes),
-        send_at=_send_at(_text(fields, "sendDateTime"), now),
+        send_at=_send_at(string_field(fields, "sendDateTime"), now),
         flash=bool(flags["flash"]),
     )
 

@@ -118,10 +118,10 @@ def parse_call(fields: Mapping[str, Any]) -> CallRequest:
     """Check a TextToSpeechRequest; the 400 problem of the first bad field."""
     sender = checks.international(fields, "from")
     to = checks.international(fields, "to")
-    message = checks.text(fields, "message", required=True) or ""
+    message = checks.string_field(fields, "message", required=True) or ""
     if len(message) > MAX_MESSAGE:
         raise invalid("message", f"has more than {MAX_MESSAGE} characters")
-    language = checks.text(fields, "language", required=True) or ""
+    language = checks.string_field(fields, "language", required=True) or ""
     if language not in LANGUAGES:
         raise invalid("language", "is not one of the platform's codes (e.g. en_gb, de_de)")
     delay = fields.get("initialDelay")
