@@ -105,6 +105,14 @@ class Policy(ABC):
             return 200 <= status < 300
         return status in self.success_codes
 
+    def accepts(self, status: int | None, duration_ms: float) -> bool:
+        """Whether an answer counts as delivered: a success status, within the answer budget
+        when the policy has one (the platform's senders, simulated or sandboxed, judge so)."""
+        if status is None or not self.is_success(status):
+            return False
+        budget = self.answer_budget
+        return budget is None or duration_ms <= budget.total_seconds() * 1000
+
     def deadline(self, first_attempt_at: datetime) -> datetime | None:
         """The last time an attempt may be made, if the policy has one."""
         if self.give_up_after is None:

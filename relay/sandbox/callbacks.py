@@ -191,7 +191,7 @@ class Scheduler:
         callback.attempts.append(attempt)
         first = first or attempt.sent_at
         health = self._health.get(origin, DestinationHealth())
-        if _accepted(attempt, policy):
+        if policy.accepts(attempt.status_code, attempt.duration_ms):
             self._health[origin] = after_success(health)
             if callback.duplicate:
                 callback.attempts.append(
@@ -268,13 +268,6 @@ class Scheduler:
             duplicate=duplicate,
             resent=resent,
         )
-
-
-def _accepted(attempt: CallbackAttempt, policy: Policy) -> bool:
-    if attempt.status_code is None or not policy.is_success(attempt.status_code):
-        return False
-    budget = policy.answer_budget
-    return budget is None or attempt.duration_ms <= budget.total_seconds() * 1000
 
 
 def _origin(url: str) -> str:

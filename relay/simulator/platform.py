@@ -125,7 +125,7 @@ class Platform:
                 prepared, callback, policy, len(result.attempts) + 1, scheduled
             )
             first = first or attempt.sent_at
-            if _accepted(attempt, policy):
+            if policy.accepts(attempt.status_code, attempt.latency_ms):
                 result.attempts.append(attempt)
                 self.health = after_success(self.health)
                 break
@@ -147,7 +147,7 @@ class Platform:
                 self.clock.now(),
                 duplicate=True,
             )
-            if _accepted(duplicate, policy):
+            if policy.accepts(duplicate.status_code, duplicate.latency_ms):
                 result.attempts.append(duplicate)
             else:
                 self._failed(result, duplicate)
@@ -194,13 +194,6 @@ class Platform:
             latency_ms=latency,
             duplicate=duplicate,
         )
-
-
-def _accepted(attempt: Attempt, policy: Policy) -> bool:
-    if attempt.status_code is None or not policy.is_success(attempt.status_code):
-        return False
-    budget = policy.answer_budget
-    return budget is None or attempt.latency_ms <= budget.total_seconds() * 1000
 
 
 def _event_id(callback: Callback) -> str:
